@@ -1,0 +1,69 @@
+"""Binary framing for everything the engine persists (before encryption).
+
+A frame is ``u32 header length | orjson header | raw array bytes``. The header carries a small
+JSON ``meta`` dict plus the name, dtype and shape of each array. Strings travel as one UTF-8
+blob plus int64 lengths (-1 = None), so no pickle is ever involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+
+def pack(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    specs = []
+    bodies = []
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype == object:
+            raise TypeError(f"array {name!r} has dtype object; encode strings with pack_strings")
+        specs.append([name, a.dtype.str, list(a.shape)])
+        bodies.append(a.tobytes())
+    header = orjson.dumps({"meta": meta, "arrays": specs})
+    return b"".join([len(header).to_bytes(4, "little"), header, *bodies])
+
+
+def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    view = memoryview(buf)
+    hlen = int.from_bytes(view[:4], "little")
+    header = orjson.loads(view[4 : 4 + hlen])
+    pos = 4 + hlen
+    arrays: dict[str, np.ndarray] = {}
+    for name, dtype_str, shape in header["arrays"]:
+        dtype = np.dtype(dtype_str)
+        count = int(np.prod(shape)) if shape else 1
+        nbytes = count * dtype.itemsize
+        arrays[name] = np.frombuffer(view[pos : pos + nbytes], dtype=dtype).reshape(shape)
+        pos += nbytes
+    if pos != len(view):
+        raise ValueError("frame length does not match its header")
+    return header["meta"], arrays
+
+
+def pack_strings(items: Sequence[str | bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Encode strings/bytes/None as (uint8 blob, int64 lengths with -1 for None)."""
+    encoded = [s.encode() if isinstance(s, str) else s for s in items]
+    lengths = np.fromiter(
+        (-1 if b is None else len(b) for b in encoded), dtype=np.int64, count=len(encoded)
+    )
+    blob = b"".join(b for b in encoded if b is not None)
+    return np.frombuffer(blob, dtype=np.uint8), lengths
+
+
+def unpack_strings(blob: np.ndarray, lengths: np.ndarray, *, as_bytes: bool = False) -> list[Any]:
+    raw = blob.tobytes()
+    ends = np.cumsum(np.maximum(lengths, 0)).tolist()
+    out: list[Any] = []
+    start = 0
+    for length, end in zip(lengths.tolist(), ends):
+        if length < 0:
+            out.append(None)
+        else:
+            chunk = raw[start:end]
+            out.append(chunk if as_bytes else chunk.decode())
+        start = end
+    return out

@@ -1,0 +1,264 @@
+"""The control-plane actor: index catalog, index creation/deletion, shard placement, training.
+
+Gateways consult it only when their cached view of an index is missing or stale; queries never
+pass through it. Training runs in a background thread of this (threaded) actor.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from actors import persistence
+from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
+from actors.partition import centroids_of, deserialize, serialize
+from actors.shard import Shard
+from actors.store import Store, key_join, open_store
+from actors.training import TrainParams, auto_n_lists, calibrate_nprobe, sample_size, train_template
+from actors.types import IndexConfig, IndexMeta
+
+NAMESPACE = "vaultvec"
+CONTROL_NAME = "vaultvec-control"
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    store_url: str
+    shard_num_cpus: float = 0.25
+    shard_threads: int = 1
+    shard_max_concurrency: int = 32
+    wal_max_records: int = 256
+    auto_train_threshold: int = 10_000
+    retrain_factor: float = 4.0
+    recall_target: float = 0.95
+    idle_ttl_s: float = 0.0
+    train_wait_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class IndexView:
+    """What a gateway caches per index: config, shard handles and the coarse centroids."""
+
+    meta: IndexMeta
+    config: IndexConfig
+    shards: tuple[Any, ...]
+    centroids: np.ndarray | None
+
+
+ShardActor = ray.remote(Shard)
+
+
+def shard_actor_name(index_id: str, shard: int) -> str:
+    return f"vaultvec-shard-{index_id}-{shard}"
+
+
+class ControlPlane:
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.store: Store = open_store(options.store_url)
+        self._lock = threading.RLock()
+        self._configs: dict[str, IndexConfig] = {}
+        self._training: dict[str, Future[IndexConfig]] = {}
+        self._catalog: dict[str, IndexMeta] = {}
+        for key in self.store.list("indexes/"):
+            if key.endswith("/meta"):
+                raw = self.store.get(key)
+                if raw is not None:
+                    meta = persistence.read_meta(raw)
+                    self._catalog[meta.name] = meta
+
+    # -- catalog ----------------------------------------------------------------------------
+    def list_indexes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._catalog)
+
+    def lookup(self, name: str) -> IndexMeta:
+        with self._lock:
+            meta = self._catalog.get(name)
+        if meta is None:
+            raise IndexNotFound(f"index {name!r} not found")
+        return meta
+
+    def create_index(self, meta: IndexMeta, key: bytes, cfg: IndexConfig) -> None:
+        with self._lock:
+            if meta.name in self._catalog:
+                raise IndexExists(f"index {meta.name!r} already exists")
+            persistence.write_config(self.store, key, cfg)
+            persistence.write_meta(self.store, meta)  # last: the index exists once this lands
+            self._catalog[meta.name] = meta
+            self._configs[meta.name] = cfg
+        self._shards(meta, cfg)
+
+    def delete_index(self, name: str, key: bytes) -> None:
+        meta = self.lookup(name)
+        cfg = self.config(name, key)
+        with self._lock:
+            self.store.delete(persistence.meta_key(meta.index_id))  # first: the index is gone
+            self._catalog.pop(name, None)
+            self._configs.pop(name, None)
+        for s in range(cfg.n_shards):
+            try:
+                ray.kill(ray.get_actor(shard_actor_name(meta.index_id, s), namespace=NAMESPACE))
+            except ValueError:
+                pass
+        self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
+
+    def config(self, name: str, key: bytes) -> IndexConfig:
+        meta = self.lookup(name)
+        with self._lock:
+            cfg = self._configs.get(name)
+            if cfg is None:
+                cfg = persistence.read_config(self.store, key, name, meta.index_id)
+                if cfg is None:
+                    raise IndexNotFound(f"index {name!r} not found")
+                self._configs[name] = cfg
+            return cfg
+
+    def view(self, name: str, key: bytes) -> IndexView:
+        meta = self.lookup(name)
+        cfg = self.config(name, key)
+        centroids = None
+        if cfg.is_trained:
+            template = persistence.read_template(self.store, key, cfg)
+            if template is not None:
+                centroids = centroids_of(deserialize(template))
+        return IndexView(meta, cfg, tuple(self._shards(meta, cfg)), centroids)
+
+    def set_dimension(self, name: str, key: bytes, dimension: int) -> IndexConfig:
+        """Fix an index's dimension at its first upsert (first writer wins)."""
+        with self._lock:
+            cfg = self.config(name, key)
+            if cfg.dimension is None:
+                cfg = cfg.evolve(dimension=dimension)
+                persistence.write_config(self.store, key, cfg)
+                self._configs[name] = cfg
+            return cfg
+
+    def _shards(self, meta: IndexMeta, cfg: IndexConfig) -> list[Any]:
+        """Handles of the index's shard actors, created on first use (named, detached)."""
+        o = self.options
+        return [
+            ShardActor.options(  # type: ignore[attr-defined]
+                name=shard_actor_name(meta.index_id, s),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=o.shard_num_cpus,
+                max_restarts=-1,
+                max_task_retries=3,
+                max_concurrency=o.shard_max_concurrency,
+                scheduling_strategy="SPREAD",
+            ).remote(
+                o.store_url,
+                meta.name,
+                meta.index_id,
+                s,
+                wal_max_records=o.wal_max_records,
+                threads=o.shard_threads,
+                idle_ttl_s=o.idle_ttl_s,
+            )
+            for s in range(cfg.n_shards)
+        ]
+
+    # -- training ---------------------------------------------------------------------------
+    def train(self, name: str, key: bytes, params: TrainParams, wait: bool = True) -> str:
+        """Start (or join) training; with ``wait``, block until it ends or train_wait_s passes."""
+        with self._lock:
+            self.lookup(name)
+            future = self._training.get(name)
+            if future is None:
+                future = Future()
+                self._training[name] = future
+                threading.Thread(
+                    target=self._train_job, args=(name, key, params, future), daemon=True
+                ).start()
+        if not wait:
+            return "in_progress"
+        try:
+            future.result(timeout=self.options.train_wait_s)
+        except TimeoutError:
+            return "in_progress"
+        return "success"
+
+    def maybe_autotrain(self, name: str, key: bytes, total: int) -> bool:
+        try:
+            cfg = self.config(name, key)
+        except VaultvecError:
+            return False
+        o = self.options
+        due = (not cfg.is_trained and total >= o.auto_train_threshold) or (
+            cfg.is_trained and total >= o.retrain_factor * max(cfg.trained_size, 1)
+        )
+        if due and name not in self._training:
+            self.train(name, key, TrainParams(), wait=False)
+            return True
+        return False
+
+    def training_status(self) -> dict[str, Any]:
+        with self._lock:
+            running = sorted(n for n, f in self._training.items() if not f.done())
+        return {"training_indexes": running, "retrain_threshold": self.options.auto_train_threshold}
+
+    def _train_job(self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]) -> None:
+        try:
+            future.set_result(self._train(name, key, params))
+        except BaseException as exc:
+            future.set_exception(exc)
+        finally:
+            with self._lock:
+                if self._training.get(name) is future:
+                    del self._training[name]
+
+    def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
+        started = time.monotonic()
+        meta = self.lookup(name)
+        cfg = self.config(name, key)
+        shards = self._shards(meta, cfg)
+        counts = [s.count for s in ray.get([sh.stats.remote(key) for sh in shards])]
+        total = sum(counts)
+        if total == 0 or cfg.dimension is None:
+            raise InvalidRequest("cannot train an empty index")
+        n_lists = params.n_lists or auto_n_lists(total)
+        if n_lists > total:
+            raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
+        size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
+        parts = ray.get(
+            [sh.sample.remote(key, math.ceil(size * c / total) + 1, seed) for seed, (sh, c) in enumerate(zip(shards, counts))]
+        )
+        sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32)
+        template = train_template(sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params)
+        table = calibrate_nprobe(template, sample, cfg.recall_target)
+        new_cfg = cfg.evolve(version=cfg.version + 1, n_lists=n_lists, trained_size=total, nprobe_table=table)
+        blob = serialize(template)
+        persistence.write_template(self.store, key, new_cfg, blob)
+        ref = ray.put(blob)
+        ray.get([sh.rebuild.remote(key, new_cfg.version, ref, params.batch_size or 65536) for sh in shards])
+        with self._lock:
+            if name not in self._catalog:
+                raise IndexNotFound(f"index {name!r} was deleted during training")
+            latest = self._configs.get(name, cfg)
+            new_cfg = new_cfg.evolve(dimension=latest.dimension)
+            persistence.write_config(self.store, key, new_cfg)
+            self._configs[name] = new_cfg
+        persistence.prune_templates(self.store, new_cfg)
+        self.last_training_s = time.monotonic() - started
+        return new_cfg
+
+    def ping(self) -> bool:
+        return True
+
+
+def new_index_id() -> str:
+    return secrets.token_hex(8)
+
+
+def catalog_key(index_id: str) -> str:
+    return key_join("indexes", index_id)

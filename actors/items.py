@@ -1,0 +1,150 @@
+"""Per-shard item table: string ids <-> integer labels, metadata, contents, liveness.
+
+Labels are dense integers handed out in order and never reused, so every per-item column is a
+numpy array indexed by label and lookups for a whole result block are single gathers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from actors.codec import pack_strings, unpack_strings
+from actors.filters import FilterNode, MetadataColumns
+
+
+def _grow(arr: np.ndarray, size: int) -> np.ndarray:
+    if size <= len(arr):
+        return arr
+    new = np.empty(max(size, 2 * len(arr), 1024), dtype=arr.dtype)
+    if arr.dtype == object:
+        new[:] = None
+    elif arr.dtype == bool:
+        new[:] = False
+    else:
+        new[:] = 0
+    new[: len(arr)] = arr
+    return new
+
+
+class ItemTable:
+    def __init__(self) -> None:
+        self.next_label = 0
+        self.id_to_label: dict[str, int] = {}
+        self.ids = np.empty(0, dtype=object)
+        self.metadata = np.empty(0, dtype=object)  # orjson bytes or None
+        self.contents = np.empty(0, dtype=object)  # str or None
+        self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
+        self.alive = np.empty(0, dtype=bool)
+        self.columns = MetadataColumns()
+
+    def __len__(self) -> int:
+        return len(self.id_to_label)
+
+    def labels_for(self, ids: Sequence[str]) -> np.ndarray:
+        """Labels of the ids that exist (unknown ids are skipped)."""
+        get = self.id_to_label.get
+        found = [lab for lab in (get(i) for i in ids) if lab is not None]
+        return np.asarray(found, dtype=np.int64)
+
+    def insert(
+        self,
+        ids: Sequence[str],
+        metadata: Sequence[bytes | None],
+        contents: Sequence[str | None],
+        norms: np.ndarray | None,
+        labels: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Add items under fresh labels (or the given ones, when restoring a snapshot).
+
+        Returns (new labels, labels of replaced items that must leave the vector index).
+        """
+        n = len(ids)
+        replaced = self.labels_for(ids)
+        if len(replaced):
+            self.alive[replaced] = False
+        if labels is None:
+            labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
+        end = int(labels.max()) + 1 if n else self.next_label
+        self.next_label = max(self.next_label, end)
+        size = self.next_label
+        self.ids = _grow(self.ids, size)
+        self.metadata = _grow(self.metadata, size)
+        self.contents = _grow(self.contents, size)
+        self.norms = _grow(self.norms, size)
+        self.alive = _grow(self.alive, size)
+        self.ids[labels] = list(ids)
+        self.metadata[labels] = list(metadata)
+        self.contents[labels] = list(contents)
+        if norms is not None:
+            self.norms[labels] = norms
+        self.alive[labels] = True
+        self.id_to_label.update(zip(ids, labels.tolist()))
+        self.columns.append(labels, [None if m is None else orjson.loads(m) for m in metadata])
+        return labels, replaced
+
+    def remove(self, ids: Sequence[str]) -> np.ndarray:
+        labels = self.labels_for(ids)
+        if len(labels):
+            self.alive[labels] = False
+            for i in ids:
+                self.id_to_label.pop(i, None)
+        return labels
+
+    def live_labels(self) -> np.ndarray:
+        return np.flatnonzero(self.alive[: self.next_label]).astype(np.int64)
+
+    def selector_bits(self, node: FilterNode | None) -> np.ndarray | None:
+        """Packed bitmap of the labels a query may return (None = every label in the index)."""
+        if node is None:
+            return None
+        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
+        return np.packbits(mask, bitorder="little")
+
+    def count_matching(self, node: FilterNode | None) -> int:
+        if node is None:
+            return len(self)
+        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
+        return int(mask.sum())
+
+    # -- snapshots --------------------------------------------------------------------------
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        labels = self.live_labels()
+        ids_blob, ids_len = pack_strings(self.ids[labels].tolist())
+        meta_blob, meta_len = pack_strings(self.metadata[labels].tolist())
+        cont_blob, cont_len = pack_strings(self.contents[labels].tolist())
+        return {
+            "labels": labels,
+            "ids_blob": ids_blob,
+            "ids_len": ids_len,
+            "meta_blob": meta_blob,
+            "meta_len": meta_len,
+            "contents_blob": cont_blob,
+            "contents_len": cont_len,
+            "norms": self.norms[labels],
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], next_label: int) -> ItemTable:
+        table = cls()
+        labels = arrays["labels"].astype(np.int64)
+        table.insert(
+            unpack_strings(arrays["ids_blob"], arrays["ids_len"]),
+            unpack_strings(arrays["meta_blob"], arrays["meta_len"], as_bytes=True),
+            unpack_strings(arrays["contents_blob"], arrays["contents_len"]),
+            arrays["norms"].astype(np.float32),
+            labels=labels,
+        )
+        table.next_label = max(table.next_label, next_label)
+        return table
+
+    def gather(self, labels: np.ndarray, column: str) -> np.ndarray:
+        """Per-label values of a column; label -1 (no result) maps to None."""
+        values: Any = getattr(self, column)
+        out = np.empty(labels.shape, dtype=object)
+        ok = labels >= 0
+        out[ok] = values[labels[ok]]
+        return out

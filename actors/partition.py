@@ -1,0 +1,210 @@
+"""The IVF partitions of one shard, over faiss.
+
+All shards of an index share one trained template (coarse quantizer plus SQ/PQ codebooks);
+each holds the inverted lists of its own items. Distances are squared L2 in *index space*
+(vectors are unit-normalised for the cosine metric), so one faiss metric serves every API metric.
+
+Before training an index is a one-list IVFFlat whose only centroid is the origin: probing that
+list is an exact search, and the same code path serves both states.
+"""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+from faiss import swig_ptr
+
+from actors.errors import InvalidRequest
+
+
+def untrained_template(dimension: int) -> faiss.IndexIVF:
+    quantizer = faiss.IndexFlatL2(dimension)
+    quantizer.add(np.zeros((1, dimension), dtype=np.float32))
+    index = faiss.IndexIVFFlat(quantizer, dimension, 1, faiss.METRIC_L2)
+    index.is_trained = True
+    return index
+
+
+def new_ivf(index_type: str, dimension: int, n_lists: int, pq_dim: int | None, pq_bits: int | None) -> faiss.IndexIVF:
+    quantizer = faiss.IndexFlatL2(dimension)
+    if index_type == "ivfflat":
+        index = faiss.IndexIVFFlat(quantizer, dimension, n_lists, faiss.METRIC_L2)
+    elif index_type == "ivf":
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, dimension, n_lists, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_L2
+        )
+    elif index_type == "ivfpq":
+        m = pq_dim or default_pq_dim(dimension)
+        index = faiss.IndexIVFPQ(quantizer, dimension, n_lists, m, pq_bits or 8)
+    else:
+        raise InvalidRequest(f"unknown index type {index_type!r}")
+    # Keep the quantizer alive with the index (faiss does not own it from Python).
+    index.own_fields = True
+    quantizer.this.disown()
+    return index
+
+
+def default_pq_dim(dimension: int) -> int:
+    """Largest divisor of ``dimension`` that gives sub-vectors of at least 2 dims, at most 64."""
+    for m in range(min(64, dimension // 2), 0, -1):
+        if dimension % m == 0:
+            return m
+    return 1
+
+
+def serialize(index: faiss.Index) -> np.ndarray:
+    return np.asarray(faiss.serialize_index(index))
+
+
+def deserialize(buf: np.ndarray) -> faiss.IndexIVF:
+    # deserialize_index returns the concrete, owning IVF class; extract_index_ivf would hand
+    # back a non-owning view whose owner could be collected under it.
+    index = faiss.deserialize_index(np.ascontiguousarray(buf, dtype=np.uint8))
+    if not isinstance(index, faiss.IndexIVF):
+        raise ValueError("template is not an IVF index")
+    return index
+
+
+def centroids_of(index: faiss.IndexIVF) -> np.ndarray:
+    return index.quantizer.reconstruct_n(0, index.nlist)
+
+
+class PartitionIndex:
+    """A faiss IVF index with integer labels, per-list radii and preassigned search."""
+
+    def __init__(self, index: faiss.IndexIVF, radii: np.ndarray | None = None):
+        self.index = index
+        if index.direct_map.type != faiss.DirectMap.Hashtable:
+            index.set_direct_map_type(faiss.DirectMap.Hashtable)
+        self.radii = radii if radii is not None else np.zeros(index.nlist, dtype=np.float32)
+
+    @classmethod
+    def from_template(cls, template: np.ndarray | None, dimension: int) -> PartitionIndex:
+        if template is None:
+            return cls(untrained_template(dimension))
+        return cls(deserialize(template))
+
+    @property
+    def nlist(self) -> int:
+        return int(self.index.nlist)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def dimension(self) -> int:
+        return int(self.index.d)
+
+    def assign(self, x: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        """Coarse assignment: (squared distances, list numbers), nearest first."""
+        nprobe = min(nprobe, self.nlist)
+        dis, lists = self.index.quantizer.search(x, nprobe)
+        return dis, lists
+
+    def add(self, labels: np.ndarray, x: np.ndarray) -> None:
+        if len(labels) == 0:
+            return
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        dis, lists = self.assign(x, 1)
+        lists1 = np.ascontiguousarray(lists[:, 0])
+        np.maximum.at(self.radii, lists1, np.sqrt(np.maximum(dis[:, 0], 0)))
+        self.index.add_core(len(x), swig_ptr(x), swig_ptr(labels), swig_ptr(lists1))
+
+    def remove(self, labels: np.ndarray) -> None:
+        if len(labels):
+            self.index.remove_ids(np.ascontiguousarray(labels, dtype=np.int64))
+
+    def reconstruct(self, labels: np.ndarray) -> np.ndarray:
+        if len(labels) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return self.index.reconstruct_batch(np.ascontiguousarray(labels, dtype=np.int64))
+
+    def all_labels(self) -> np.ndarray:
+        invlists = self.index.invlists
+        parts = []
+        for list_no in range(self.nlist):
+            size = invlists.list_size(list_no)
+            if size:
+                parts.append(faiss.rev_swig_ptr(invlists.get_ids(list_no), size).copy())
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def search(
+        self,
+        x: np.ndarray,
+        k: int,
+        list_nos: np.ndarray,
+        coarse_dis: np.ndarray,
+        selector_bits: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Search only the given lists (one row of list numbers per query)."""
+        n = len(x)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        list_nos = np.ascontiguousarray(list_nos, dtype=np.int64)
+        coarse_dis = np.ascontiguousarray(coarse_dis, dtype=np.float32)
+        distances = np.empty((n, k), dtype=np.float32)
+        labels = np.empty((n, k), dtype=np.int64)
+        params = faiss.SearchParametersIVF()
+        params.nprobe = list_nos.shape[1]
+        params.max_codes = 0
+        selector = None
+        if selector_bits is not None:
+            selector = faiss.IDSelectorBitmap(len(selector_bits) * 8, swig_ptr(selector_bits))
+            params.sel = selector
+        self.index.search_preassigned_c(
+            n, swig_ptr(x), k, swig_ptr(list_nos), swig_ptr(coarse_dis),
+            swig_ptr(distances), swig_ptr(labels), False, params,
+        )
+        del selector
+        return distances, labels
+
+    def search_greedy(
+        self, x: np.ndarray, k: int, start_nprobe: int, selector_bits: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Probe lists in centroid order until no unprobed list can hold a closer point.
+
+        A point p in list j satisfies |q - p| >= |q - c_j| - r_j (r_j: the list's radius), so a
+        query is done once the smallest such bound over its unprobed lists reaches its k-th
+        distance. Unfinished queries double their probe count each round.
+        """
+        nlist = self.nlist
+        dis_c, lists = self.assign(x, nlist)
+        lower = np.sqrt(np.maximum(dis_c, 0)) - self.radii[lists]
+        # suffix_min[:, j] = best bound among lists j.. (inf past the end)
+        suffix_min = np.minimum.accumulate(lower[:, ::-1], axis=1)[:, ::-1]
+        suffix_min = np.concatenate([suffix_min, np.full((len(x), 1), np.inf, np.float32)], axis=1)
+        p = max(1, min(start_nprobe, nlist))
+        distances, labels = self.search(x, k, lists[:, :p], dis_c[:, :p], selector_bits)
+        probed = np.full(len(x), p, dtype=np.int64)
+        while True:
+            kth = np.sqrt(np.maximum(distances[:, k - 1], 0))
+            todo = np.flatnonzero((probed < nlist) & (suffix_min[np.arange(len(x)), probed] < kth))
+            if len(todo) == 0:
+                return distances, labels
+            start = int(probed[todo].min())
+            stop = min(nlist, 2 * int(probed[todo].max()))
+            # Queries in one round share a window [start, stop); lists a query already probed
+            # are masked out by giving them list number -1, which faiss skips.
+            window = lists[todo, start:stop].copy()
+            cols = np.arange(start, stop)
+            window[cols[None, :] < probed[todo, None]] = -1
+            d2, l2 = self.search(x[todo], k, window, dis_c[todo, start:stop], selector_bits)
+            distances[todo], labels[todo] = merge_topk(
+                [distances[todo], d2], [labels[todo], l2], k
+            )
+            probed[todo] = stop
+
+
+def merge_topk(
+    distances: list[np.ndarray], labels: list[np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-part (nq, k_i) result blocks into the (nq, k) best, ascending. Any label dtype."""
+    d = np.concatenate(distances, axis=1)
+    lab = np.concatenate(labels, axis=1)
+    if d.shape[1] > k:
+        part = np.argpartition(d, k - 1, axis=1)[:, :k]
+        d = np.take_along_axis(d, part, axis=1)
+        lab = np.take_along_axis(lab, part, axis=1)
+    order = np.argsort(d, axis=1, kind="stable")
+    return np.take_along_axis(d, order, axis=1), np.take_along_axis(lab, order, axis=1)

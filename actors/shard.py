@@ -1,0 +1,315 @@
+"""ShardActor: the decrypted IVF partitions, metadata and contents of the items on one shard.
+
+A shard starts locked: it holds nothing until a call carrying the index's data key arrives, then
+loads its latest snapshot and replays its write-ahead log. Writes are sealed and appended to the
+WAL (durable) before they are applied and acknowledged. The WAL rolls into a new snapshot once it
+grows past a bound; training swaps in a rebuilt partition index atomically while reads and
+writes continue.
+
+The class is plain Python (unit-testable without Ray); ``ShardActor`` is its Ray actor form.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import faiss
+import numpy as np
+
+from actors import codec, persistence
+from actors.crypto import aad, open_sealed, seal
+from actors.errors import InvalidRequest
+from actors.items import ItemTable
+from actors.partition import PartitionIndex, serialize
+from actors.store import Store, open_store
+from actors.types import Fetched, IndexConfig, SearchRequest, SearchResult, ShardStats, UpsertBatch
+
+
+class Shard:
+    def __init__(
+        self,
+        store_url: str,
+        index_name: str,
+        index_id: str,
+        shard_no: int,
+        *,
+        wal_max_records: int = 256,
+        wal_max_bytes: int = 256 << 20,
+        threads: int = 1,
+        idle_ttl_s: float = 0.0,
+    ) -> None:
+        self.store: Store = open_store(store_url)
+        self.name = index_name
+        self.index_id = index_id
+        self.shard_no = shard_no
+        self.wal_max_records = wal_max_records
+        self.wal_max_bytes = wal_max_bytes
+        self.idle_ttl_s = idle_ttl_s
+        faiss.omp_set_num_threads(max(1, threads))
+        self._lock = threading.RLock()
+        self._snapshot_lock = threading.Lock()
+        self._loaded = False
+        self._last_used = time.monotonic()
+        self._reset()
+        if idle_ttl_s > 0:
+            threading.Thread(target=self._evict_idle, daemon=True).start()
+
+    def _reset(self) -> None:
+        self._key: bytes | None = None
+        self.items = ItemTable()
+        self.partition: PartitionIndex | None = None
+        self.version = 0
+        self.seq = 0
+        self.gen = 0
+        self._wal_records = 0
+        self._wal_bytes = 0
+        self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
+
+    # -- loading ----------------------------------------------------------------------------
+    def _ensure_loaded(self, key: bytes) -> None:
+        self._last_used = time.monotonic()
+        if self._loaded:
+            return
+        self._reset()
+        self._key = key
+        snaps = persistence.generations(self.store, self.index_id, self.shard_no, "snap")
+        if snaps:
+            self.gen = snaps[-1]
+            self._restore(self.store.get(persistence.snap_key(self.index_id, self.shard_no, self.gen)))
+        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "wal"):
+            if gen < self.gen:
+                continue
+            for record in self.store.read_log(persistence.wal_key(self.index_id, self.shard_no, gen)):
+                seq, frame = persistence.open_record(key, self.name, self.shard_no, gen, record)
+                if seq <= self.seq:
+                    continue
+                op, payload = persistence.decode_record(frame)
+                self._apply(op, payload)
+                self.seq = seq
+                self._wal_records += 1
+                self._wal_bytes += len(record)
+            self.gen = max(self.gen, gen)
+        self._loaded = True
+
+    def _restore(self, blob: bytes | None) -> None:
+        assert blob is not None and self._key is not None
+        raw = open_sealed(self._key, blob, aad(self.name, "snapshot", self.shard_no, version=self.gen))
+        meta, arrays = codec.unpack(raw)
+        self.seq = meta["seq"]
+        self.version = meta["version"]
+        self.items = ItemTable.from_arrays(arrays, meta["next_label"])
+        if "index" in arrays:
+            self.partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
+            self.partition.radii = arrays["radii"].copy()
+
+    def _evict_idle(self) -> None:
+        while True:
+            time.sleep(max(1.0, self.idle_ttl_s / 4))
+            with self._lock:
+                if self._loaded and self._pending is None and time.monotonic() - self._last_used > self.idle_ttl_s:
+                    self._loaded = False
+                    self._reset()
+
+    # -- writes -----------------------------------------------------------------------------
+    def _log(self, key: bytes, frame: bytes) -> None:
+        """Seal and durably append one WAL record (caller holds the lock)."""
+        seq = self.seq + 1
+        record = persistence.seal_record(key, self.name, self.shard_no, self.gen, seq, frame)
+        self.store.append(persistence.wal_key(self.index_id, self.shard_no, self.gen), record)
+        self.seq = seq
+        self._wal_records += 1
+        self._wal_bytes += len(record)
+
+    def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
+        with self._lock:
+            self._ensure_loaded(key)
+            if self.partition is not None and batch.vectors.shape[1] != self.partition.dimension:
+                raise InvalidRequest(
+                    f"vector dimension {batch.vectors.shape[1]} does not match the index dimension "
+                    f"{self.partition.dimension}"
+                )
+            self._log(key, persistence.encode_upsert(batch))
+            self._apply("upsert", batch)
+            roll = self._wal_due()
+        if roll:
+            self.snapshot(key)
+        return self.stats(key)
+
+    def delete(self, key: bytes, ids: list[str]) -> int:
+        with self._lock:
+            self._ensure_loaded(key)
+            present = [i for i in ids if i in self.items.id_to_label]
+            if present:
+                self._log(key, persistence.encode_delete(present))
+                self._apply("delete", present)
+            roll = self._wal_due()
+        if roll:
+            self.snapshot(key)
+        return len(present)
+
+    def _apply(self, op: str, payload: Any) -> None:
+        if op == "upsert":
+            batch: UpsertBatch = payload
+            labels, replaced = self.items.insert(batch.ids, batch.metadata, batch.contents, batch.norms)
+            if self.partition is None:
+                self.partition = PartitionIndex.from_template(None, batch.vectors.shape[1])
+            self.partition.remove(replaced)
+            self.partition.add(labels, batch.vectors)
+            if self._pending is not None:
+                self._pending.append(("remove", replaced))
+                self._pending.append(("add", (labels, batch.vectors)))
+        else:
+            labels = self.items.remove(payload)
+            if self.partition is not None:
+                self.partition.remove(labels)
+            if self._pending is not None:
+                self._pending.append(("remove", labels))
+
+    def _wal_due(self) -> bool:
+        return self._wal_records >= self.wal_max_records or self._wal_bytes >= self.wal_max_bytes
+
+    # -- snapshots --------------------------------------------------------------------------
+    def snapshot(self, key: bytes) -> None:
+        """Roll the WAL into a new snapshot; writes continue into the next WAL generation.
+
+        Skipped when another snapshot or a rebuild (which snapshots itself) is under way.
+        """
+        if not self._snapshot_lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                self._ensure_loaded(key)
+                if self._pending is not None:
+                    return  # a rebuild is in flight; it snapshots when it swaps
+                frame = self._capture()
+                old_gen, self.gen = self.gen, self.gen + 1
+                self._wal_records = self._wal_bytes = 0
+            self._write_snapshot(key, frame, old_gen)
+        finally:
+            self._snapshot_lock.release()
+
+    def _capture(self) -> bytes:
+        meta: dict[str, Any] = {"seq": self.seq, "version": self.version, "next_label": self.items.next_label}
+        arrays = self.items.to_arrays()
+        if self.partition is not None:
+            meta["dimension"] = self.partition.dimension
+            arrays["index"] = serialize(self.partition.index)
+            arrays["radii"] = self.partition.radii
+        return codec.pack(meta, arrays)
+
+    def _write_snapshot(self, key: bytes, frame: bytes, old_gen: int) -> None:
+        new_gen = old_gen + 1
+        blob = seal(key, frame, aad(self.name, "snapshot", self.shard_no, version=new_gen))
+        self.store.put(persistence.snap_key(self.index_id, self.shard_no, new_gen), blob)
+        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "snap"):
+            if gen < new_gen:
+                self.store.delete(persistence.snap_key(self.index_id, self.shard_no, gen))
+        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "wal"):
+            if gen < new_gen:
+                self.store.delete(persistence.wal_key(self.index_id, self.shard_no, gen))
+
+    # -- reads ------------------------------------------------------------------------------
+    def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
+        """Local top-k for a batch of queries, plus how many live items match the filter."""
+        with self._lock:
+            self._ensure_loaded(key)
+            nq, k = len(req.queries), req.k
+            part = self.partition
+            if part is None or part.ntotal == 0:
+                empty = np.empty((nq, k), dtype=object)
+                dist = np.full((nq, k), np.inf, dtype=np.float32)
+                return SearchResult(dist, empty, empty if req.with_metadata else None, self.version), 0
+            bits = self.items.selector_bits(req.filter)
+            n_match = self.items.count_matching(req.filter)
+            nprobe = req.list_nos.shape[1]
+            if req.greedy:
+                dist, labels = part.search_greedy(req.queries, k, nprobe, bits)
+            else:
+                list_nos, coarse = req.list_nos, req.coarse_dis
+                if req.version != self.version or nprobe > part.nlist:
+                    # The gateway planned with another training version: assign locally.
+                    coarse, list_nos = part.assign(req.queries, nprobe)
+                dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
+            dist[labels < 0] = np.inf
+            ids = self.items.gather(labels, "ids")
+            meta = self.items.gather(labels, "metadata") if req.with_metadata else None
+            return SearchResult(dist, ids, meta, self.version), n_match
+
+    def get(self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool) -> Fetched:
+        with self._lock:
+            self._ensure_loaded(key)
+            found = [i for i in ids if i in self.items.id_to_label]
+            labels = self.items.labels_for(found)
+            vecs = None
+            if vectors and self.partition is not None:
+                vecs = self.partition.reconstruct(labels)
+                if self.items.norms.size and np.any(self.items.norms[labels]):
+                    vecs = vecs * self.items.norms[labels][:, None]
+            return Fetched(
+                ids=found,
+                vectors=vecs,
+                metadata=self.items.metadata[labels].tolist() if metadata else None,
+                contents=self.items.contents[labels].tolist() if contents else None,
+            )
+
+    def list_ids(self, key: bytes) -> list[str]:
+        with self._lock:
+            self._ensure_loaded(key)
+            return list(self.items.id_to_label)
+
+    def stats(self, key: bytes) -> ShardStats:
+        with self._lock:
+            self._ensure_loaded(key)
+            part = self.partition
+            return ShardStats(
+                count=len(self.items),
+                version=self.version,
+                extra={"dimension": part.dimension if part else None, "wal_records": self._wal_records},
+            )
+
+    def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
+        """Up to ``n`` live vectors in index space, for training."""
+        with self._lock:
+            self._ensure_loaded(key)
+            labels = self.items.live_labels()
+            if self.partition is None or len(labels) == 0:
+                return np.zeros((0, 0), dtype=np.float32)
+            if len(labels) > n:
+                labels = np.sort(np.random.default_rng(seed).choice(labels, n, replace=False))
+            return self.partition.reconstruct(labels)
+
+    # -- training swap ----------------------------------------------------------------------
+    def rebuild(self, key: bytes, version: int, template: np.ndarray, batch_size: int = 65536) -> ShardStats:
+        """Re-insert every item into a fresh index from ``template`` and swap it in atomically."""
+        with self._snapshot_lock:
+            with self._lock:
+                self._ensure_loaded(key)
+                if self.partition is None:
+                    self.version = version
+                    return self.stats(key)
+                labels = self.items.live_labels()
+                dimension = self.partition.dimension
+                vectors = self.partition.reconstruct(labels)
+                self._pending = []
+            fresh = PartitionIndex.from_template(template, dimension)
+            for start in range(0, len(labels), batch_size):
+                fresh.add(labels[start : start + batch_size], vectors[start : start + batch_size])
+            with self._lock:
+                assert self._pending is not None
+                for op, arg in self._pending:
+                    if op == "remove":
+                        fresh.remove(arg)
+                    else:
+                        fresh.add(*arg)
+                self.partition, self.version, self._pending = fresh, version, None
+                frame = self._capture()
+                old_gen, self.gen = self.gen, self.gen + 1
+                self._wal_records = self._wal_bytes = 0
+            self._write_snapshot(key, frame, old_gen)
+        return self.stats(key)
+
+    def ping(self) -> bool:
+        return True

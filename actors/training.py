@@ -1,0 +1,161 @@
+"""Training: the shared IVF template (k-means coarse quantizer + SQ/PQ codebooks) and the
+calibration of automatic n_probes.
+
+Rules (documented in the README):
+- n_lists automatic = clamp(round(4 * sqrt(N)), 1, N // 39): faiss wants >= 39 training points
+  per centroid, and 4*sqrt(N) keeps lists near sqrt(N)/4 items.
+- The k-means sample holds at most 256 points per list (faiss' own bound) and at most
+  ``max_memory`` bytes of vectors when given.
+- Automatic n_probes: a held-out sample of the data is queried against an IVF index over the rest
+  of the sample; for each calibrated top_k the smallest n_probes whose mean recall@top_k against
+  brute force reaches the target is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+from actors.errors import InvalidRequest
+from actors.partition import new_ivf
+
+CALIBRATION_TOPKS = (1, 10, 100)
+MAX_POINTS_PER_LIST = 256
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    n_lists: int | None = None
+    batch_size: int | None = None
+    max_iters: int | None = None
+    tolerance: float | None = None
+    max_memory: int | None = None  # bytes of training vectors; None/0 = no limit
+
+
+def auto_n_lists(n: int) -> int:
+    return int(max(1, min(round(4 * math.sqrt(n)), n // 39)))
+
+
+def train_template(
+    vectors: np.ndarray,
+    index_type: str,
+    n_lists: int,
+    pq_dim: int | None,
+    pq_bits: int | None,
+    params: TrainParams,
+    seed: int = 1234,
+) -> faiss.IndexIVF:
+    """k-means on ``vectors`` (already sampled) then SQ/PQ training; returns an empty index."""
+    n, d = vectors.shape
+    if n < n_lists:
+        raise InvalidRequest(f"cannot train {n_lists} lists on {n} vectors")
+    if index_type == "ivfpq" and n < 2 ** (pq_bits or 8):
+        raise InvalidRequest(
+            f"ivfpq with pq_bits={pq_bits or 8} needs at least {2 ** (pq_bits or 8)} items to train"
+        )
+    centroids = kmeans(vectors, n_lists, params.max_iters or 20, params.tolerance, seed)
+    index = new_ivf(index_type, d, n_lists, pq_dim, pq_bits)
+    index.quantizer.add(centroids)
+    if index_type == "ivfflat":
+        index.is_trained = True
+    else:
+        # Trains the scalar quantizer / PQ codebooks on residuals w.r.t. the fixed quantizer.
+        index.train(vectors)
+    return index
+
+
+def kmeans(x: np.ndarray, k: int, max_iters: int, tolerance: float | None, seed: int) -> np.ndarray:
+    """faiss k-means; with a tolerance, stop once the objective improves by less than it."""
+    d = x.shape[1]
+    if k == 1:
+        return x.mean(axis=0, keepdims=True).astype(np.float32)
+    if not tolerance:
+        km = faiss.Kmeans(d, k, niter=max_iters, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST)
+        km.train(x)
+        return np.asarray(km.centroids, dtype=np.float32)
+    centroids = None
+    previous = math.inf
+    for _ in range(max_iters):
+        km = faiss.Kmeans(d, k, niter=1, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST)
+        km.train(x, init_centroids=centroids)
+        centroids = np.asarray(km.centroids, dtype=np.float32)
+        objective = float(km.obj[-1])
+        if previous - objective <= tolerance * max(abs(previous), 1e-30) and previous < math.inf:
+            break
+        previous = objective
+    assert centroids is not None
+    return centroids
+
+
+def calibrate_nprobe(
+    template: faiss.IndexIVF,
+    sample: np.ndarray,
+    target: float,
+    n_queries: int = 500,
+    seed: int = 7,
+) -> tuple[tuple[int, int], ...]:
+    """Return ((top_k, n_probes), ...) reaching ``target`` recall@top_k on held-out queries."""
+    n = len(sample)
+    nlist = int(template.nlist)
+    if n < 20 or nlist == 1:
+        return tuple((k, nlist) for k in CALIBRATION_TOPKS)
+    rng = np.random.default_rng(seed)
+    n_queries = min(n_queries, max(10, n // 10))
+    perm = rng.permutation(n)
+    queries, base = sample[perm[:n_queries]], sample[perm[n_queries:]]
+    index = faiss.clone_index(template)
+    index.add(base)
+    exact = faiss.IndexFlatL2(base.shape[1])
+    exact.add(base)
+    table = []
+    for k in CALIBRATION_TOPKS:
+        k_eff = min(k, len(base))
+        _, truth = exact.search(queries, k_eff)
+        # Compressed codes (SQ/PQ) cap recall below 1 whatever the probes: aim at the target
+        # share of what probing every list reaches.
+        goal = target if isinstance(index, faiss.IndexIVFFlat) else target * _recall(index, queries, truth, k_eff, nlist)
+        nprobe = _smallest_nprobe(index, queries, truth, k_eff, goal)
+        table.append((k, nprobe))
+    # n_probes never decreases with top_k.
+    running = 0
+    out = []
+    for k, p in table:
+        running = max(running, p)
+        out.append((k, running))
+    return tuple(out)
+
+
+def _recall(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, nprobe: int) -> float:
+    index.nprobe = nprobe
+    _, found = index.search(q, k)
+    hits = sum(len(np.intersect1d(f, t)) for f, t in zip(found, truth))
+    return hits / truth.size
+
+
+def _smallest_nprobe(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, target: float) -> int:
+    nlist = int(index.nlist)
+
+    def recall(nprobe: int) -> float:
+        return _recall(index, q, truth, k, nprobe)
+
+    # Exponential then binary search over n_probes (recall is monotone in n_probes).
+    lo, hi = 0, 1
+    while hi < nlist and recall(hi) < target:
+        lo, hi = hi, min(nlist, hi * 2)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if recall(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def sample_size(n_lists: int, n_total: int, dimension: int, max_memory: int | None) -> int:
+    size = min(n_total, max(n_lists * MAX_POINTS_PER_LIST, 20_000))
+    if max_memory:
+        size = min(size, max(n_lists, max_memory // (4 * dimension)))
+    return size

@@ -1,0 +1,59 @@
+"""The ``vaultvec`` command."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any
+
+from cluster.settings import Settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cluster import runtime
+
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "host": args.host,
+            "port": args.port,
+            "storage": args.storage,
+            "ray_address": args.ray_address,
+            "shards": args.shards,
+            "api_key": args.api_key,
+        }.items()
+        if v is not None
+    }
+    settings, generated = runtime.ensure_api_key(Settings(**overrides))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    url = runtime.start(settings)
+    if generated:
+        print(f"generated API key (kept in the data directory, mode 0600): {generated}", flush=True)
+    print(f"vaultvec serving at {url} (storage {settings.storage})", flush=True)
+    stop.wait()
+    print("vaultvec shutting down", flush=True)
+    runtime.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vaultvec", description="Encrypted vector-index service on Ray Serve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start local Ray + Serve (or join a cluster) and serve the API")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    serve.add_argument("--storage", help="store URL (default file://./vaultvec-data)")
+    serve.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS or start local Ray)")
+    serve.add_argument("--shards", type=int, help="shards per new index (default 2)")
+    serve.add_argument("--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)")
+    serve.set_defaults(func=_serve)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Starting or joining Ray + Serve and running the vaultvec app on it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+import ray
+from ray import serve
+
+from actors.control import NAMESPACE
+from cluster.settings import Settings
+
+APP_NAME = "vaultvec"
+KEY_FILE = "api-key"
+
+
+def local_data_dir(settings: Settings) -> Path | None:
+    if settings.storage.startswith("file://"):
+        return Path(settings.storage.removeprefix("file://"))
+    return None
+
+
+def ensure_api_key(settings: Settings) -> tuple[Settings, str | None]:
+    """Use the configured keys; else load or create one in the data directory (mode 0600).
+
+    Returns the settings with keys filled in and the generated key (None if none was generated).
+    """
+    if settings.api_key:
+        return settings, None
+    data_dir = local_data_dir(settings)
+    if data_dir is None:
+        raise SystemExit("no API key configured: set VAULTVEC_API_KEY or pass --api-key")
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = data_dir / KEY_FILE
+    created = None
+    if path.exists():
+        key = path.read_text().strip()
+    else:
+        key = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        created = key
+    return settings.model_copy(update={"api_key": [key]}), created
+
+
+def start(settings: Settings) -> str:
+    """Start (or join) Ray, start Serve on host:port, deploy the app; returns the base URL."""
+    from serve_app.app import build_app
+
+    if not ray.is_initialized():
+        address = settings.ray_address or os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.run(build_app(settings.model_dump(mode="json")), name=APP_NAME, route_prefix="/", blocking=False)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = f"http://{host}:{settings.port}"
+    wait_healthy(url)
+    return url
+
+
+def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vaultvec did not become healthy at {url} within {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def stop() -> None:
+    try:
+        serve.delete(APP_NAME)
+        serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,74 @@
+"""Service settings: environment variables ``VAULTVEC_*`` (or CLI flags that set them).
+
+Secrets are never defaulted: API keys come from ``VAULTVEC_API_KEY`` (comma-separated for
+several keys) or, when none is configured, from a key generated on first start and kept in the
+data directory (see ``cluster.runtime``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from actors.control import EngineOptions
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VAULTVEC_", extra="ignore")
+
+    api_key: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    storage: str = "file://./vaultvec-data"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    ray_address: str | None = None
+
+    shards: int = Field(2, ge=1, le=256, description="shards per new index")
+    gateway_replicas: int = Field(1, ge=1)
+    gateway_num_cpus: float = 0.25
+    gateway_max_ongoing_requests: int = 64
+    shard_num_cpus: float = 0.25
+    shard_threads: int = Field(1, ge=1, description="faiss threads per shard")
+    control_num_cpus: float = 0.1
+
+    auto_train_threshold: int = Field(10_000, ge=1)
+    retrain_factor: float = Field(4.0, gt=1)
+    recall_target: float = Field(0.95, gt=0, le=1)
+    train_wait_s: float = 600.0
+    wal_max_records: int = Field(256, ge=1)
+    idle_ttl_s: float = Field(0.0, ge=0, description="evict idle unlocked shards; 0 = never")
+
+    max_top_k: int = Field(10_000, ge=1)
+    max_body_bytes: int = Field(256 << 20, ge=1024)
+    shard_retries: int = Field(3, ge=0)
+
+    @field_validator("storage")
+    @classmethod
+    def _absolute_storage(cls, value: str) -> str:
+        """Resolve a relative directory store now: Ray workers run in other directories."""
+        if "://" in value and not value.startswith("file://"):
+            return value
+        path = value.removeprefix("file://")
+        return "file://" + str(Path(path).expanduser().resolve())
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(
+            store_url=self.storage,
+            shard_num_cpus=self.shard_num_cpus,
+            shard_threads=self.shard_threads,
+            wal_max_records=self.wal_max_records,
+            auto_train_threshold=self.auto_train_threshold,
+            retrain_factor=self.retrain_factor,
+            recall_target=self.recall_target,
+            idle_ttl_s=self.idle_ttl_s,
+            train_wait_s=self.train_wait_s,
+        )

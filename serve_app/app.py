@@ -1,0 +1,77 @@
+"""The FastAPI app, the Gateway Serve deployment and the app builder used by ``serve run``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from fastapi import FastAPI
+from ray import serve
+
+from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
+from cluster.settings import Settings
+from serve_app import __version__, errors
+from serve_app.engine import Engine
+from serve_app.http import configure_replica
+from serve_app.models import ErrorResponse
+from serve_app.routes import health, indexes, vectors
+
+log = logging.getLogger("vaultvec.app")
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="vaultvec",
+        version=__version__,
+        description="Encrypted vector-index service (CyborgDB v0.12-0.14 compatible API). "
+        "Every route but /v1/health needs the X-API-Key header.",
+        responses={422: {"model": ErrorResponse, "description": "Invalid parameters"}},
+    )
+    for router in (health.router, indexes.router, vectors.router):
+        app.include_router(router, prefix="/v1")
+    errors.install(app)
+    return app
+
+
+fastapi_app = create_app()
+
+
+def control_plane(settings: Settings) -> Any:
+    """The control-plane actor: found by name, created on first use (detached, restartable)."""
+    actor = ray.remote(ControlPlane).options(  # type: ignore[attr-defined]
+        name=CONTROL_NAME,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=settings.control_num_cpus,
+        max_restarts=-1,
+        max_task_retries=3,
+        max_concurrency=64,
+    )
+    return actor.remote(settings.engine_options())
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
+@serve.ingress(fastapi_app)
+class Gateway:
+    def __init__(self, settings: dict[str, Any]) -> None:
+        s = Settings(**settings)
+        if not s.api_key:
+            raise ValueError("no API key configured (VAULTVEC_API_KEY)")
+        # A function, not the REPLICA object: Serve pickles this class by value, and the object
+        # would be copied into it instead of shared with the routes.
+        configure_replica(s, Engine(control_plane(s), retries=s.shard_retries))
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """Serve application builder: ``serve run serve_app.app:build_app storage=... api_key=...``.
+
+    ``args`` are Settings fields; anything not given comes from VAULTVEC_* variables.
+    """
+    settings = Settings(**(args or {}))
+    return Gateway.options(  # type: ignore[attr-defined]
+        num_replicas=settings.gateway_replicas,
+        ray_actor_options={"num_cpus": settings.gateway_num_cpus},
+        max_ongoing_requests=settings.gateway_max_ongoing_requests,
+    ).bind(settings.model_dump(mode="json"))

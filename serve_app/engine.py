@@ -1,0 +1,258 @@
+"""The gateway's engine: unlock an index, plan a request, fan out one call per shard, merge.
+
+No HTTP here: routes hand validated models in and get plain data back. Per index the engine
+caches a view (config, shard handles, coarse quantizer); it consults the control plane only when
+the view is missing or a shard reports a newer training version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import faiss
+import numpy as np
+import orjson
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from actors.control import IndexView
+from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
+from actors.errors import Unauthorized, Unavailable, VaultvecError
+from actors.filters import parse_filter
+from actors.partition import merge_topk
+from actors.types import Fetched, IndexMeta, SearchRequest, SearchResult, shard_assignment
+
+log = logging.getLogger("vaultvec.engine")
+T = TypeVar("T")
+
+SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+@dataclass
+class CachedView:
+    view: IndexView
+    key: bytes
+    quantizer: faiss.IndexFlatL2 | None
+    counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def config(self):  # noqa: ANN201 - IndexConfig
+        return self.view.config
+
+
+@dataclass(frozen=True)
+class Hits:
+    """Merged top-k for a batch of queries: index-space squared distances, ids, metadata."""
+
+    distances: np.ndarray
+    ids: np.ndarray
+    metadata: np.ndarray | None
+    counts: np.ndarray  # results per query
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    if isinstance(exc, RayTaskError) and exc.cause is not None:
+        return exc.cause
+    return exc
+
+
+class Engine:
+    def __init__(self, control: Any, *, retries: int = 3, retry_backoff_s: float = 0.2) -> None:
+        self.control = control
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._metas: dict[str, IndexMeta] = {}
+        self._views: dict[str, CachedView] = {}
+
+    # -- unlocking --------------------------------------------------------------------------
+    async def keys(self, name: str, key_hex: str) -> tuple[IndexMeta, IndexKeys]:
+        """Verify ``key_hex`` against the index's stored verifier (constant time)."""
+        key = parse_index_key(key_hex)
+        for fresh in (False, True):
+            meta = None if fresh else self._metas.get(name)
+            if meta is None:
+                meta = await self.call(self.control.lookup.remote(name))
+                self._metas[name] = meta
+            keys = derive_keys(key, name, meta.salt)
+            if verify(keys, meta.verifier):
+                return meta, keys
+        raise Unauthorized("invalid index_key for this index")
+
+    async def view(self, name: str, key_hex: str) -> CachedView:
+        meta, keys = await self.keys(name, key_hex)
+        cached = self._views.get(name)
+        if cached is not None and cached.view.meta.index_id == meta.index_id and cached.key == keys.data_key:
+            return cached
+        return await self._load_view(name, keys.data_key)
+
+    async def _load_view(self, name: str, data_key: bytes) -> CachedView:
+        view: IndexView = await self.call(self.control.view.remote(name, data_key))
+        quantizer = None
+        if view.centroids is not None:
+            quantizer = faiss.IndexFlatL2(view.centroids.shape[1])
+            quantizer.add(view.centroids)
+        cached = CachedView(view, data_key, quantizer)
+        self._views[name] = cached
+        return cached
+
+    def forget(self, name: str) -> None:
+        self._views.pop(name, None)
+        self._metas.pop(name, None)
+
+    async def refresh_if_stale(self, cv: CachedView, versions: Sequence[int]) -> None:
+        if any(v != cv.config.version for v in versions):
+            await self._load_view(cv.view.meta.name, cv.key)
+
+    # -- fan-out ----------------------------------------------------------------------------
+    async def call(self, ref: Awaitable[T]) -> T:
+        try:
+            return await ref
+        except Exception as exc:
+            raise unwrap(exc) from None
+
+    async def fan_out(self, calls: Sequence[Callable[[], Awaitable[T]]], *, idempotent: bool = True) -> list[T]:
+        """One call per shard, concurrently; shard outages are retried within a bounded budget."""
+
+        async def one(make: Callable[[], Awaitable[T]]) -> T:
+            attempts = self.retries + 1 if idempotent else 1
+            for attempt in range(attempts):
+                try:
+                    return await make()
+                except Exception as exc:
+                    cause = unwrap(exc)
+                    if isinstance(cause, VaultvecError):
+                        raise cause from None
+                    if not isinstance(exc, SHARD_ERRORS) or attempt == attempts - 1:
+                        if isinstance(exc, SHARD_ERRORS):
+                            raise Unavailable("a shard of this index is unavailable; retry later") from None
+                        raise
+                    await asyncio.sleep(self.retry_backoff_s * (2**attempt))
+            raise Unavailable()
+
+        return await asyncio.gather(*(one(c) for c in calls))
+
+    # -- queries ----------------------------------------------------------------------------
+    def plan(self, cv: CachedView, x: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        """Coarse assignment computed once per request: (list numbers, centroid distances)."""
+        if cv.quantizer is None:
+            zeros = np.zeros((len(x), 1), dtype=np.int64)
+            return zeros, np.zeros((len(x), 1), dtype=np.float32)
+        coarse, lists = cv.quantizer.search(x, nprobe)
+        return lists, coarse
+
+    async def search(
+        self, cv: CachedView, x: np.ndarray, k: int, nprobe: int, filter_: Any, greedy: bool, with_metadata: bool
+    ) -> Hits:
+        node = parse_filter(filter_)
+        cfg = cv.config
+        n_lists = cfg.n_lists if cv.quantizer is not None else 1
+        nprobe = max(1, min(nprobe, n_lists))
+        while True:
+            lists, coarse = self.plan(cv, x, nprobe)
+            req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata)
+            parts: list[tuple[SearchResult, int]] = await self.fan_out(
+                [lambda s=s: s.search.remote(cv.key, req) for s in cv.view.shards]
+            )
+            hits = merge([p[0] for p in parts], k, with_metadata)
+            # Fewer than top_k results while more items match: the probed lists ran dry, so probe
+            # more lists for those queries (rare: tiny lists or a very selective filter).
+            need = min(k, sum(p[1] for p in parts))
+            short = np.flatnonzero(hits.counts < need)
+            await self.refresh_if_stale(cv, [p[0].version for p in parts])
+            if len(short) == 0 or nprobe >= n_lists or greedy:
+                return hits
+            nprobe = min(n_lists, nprobe * 4)
+            if len(short) < len(x):
+                sub = await self.search(cv, x[short], k, nprobe, filter_, greedy, with_metadata)
+                return patch(hits, short, sub)
+
+    async def upsert_batches(self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]) -> int:
+        assign = shard_assignment(ids, cv.config.n_shards)
+        calls = []
+        touched = []
+        for s, handle in enumerate(cv.view.shards):
+            rows = np.flatnonzero(assign == s)
+            if len(rows):
+                batch = make_batch(rows)
+                touched.append(s)
+                calls.append(lambda h=handle, b=batch: h.upsert.remote(cv.key, b))
+        stats = await self.fan_out(calls)
+        for s, st in zip(touched, stats):
+            cv.counts[s] = st.count
+        await self.refresh_if_stale(cv, [st.version for st in stats])
+        return sum(cv.counts.values()) if len(cv.counts) == cv.config.n_shards else -1
+
+    async def by_shard(self, cv: CachedView, ids: list[str], method: str, *args: Any) -> list[Any]:
+        assign = shard_assignment(ids, cv.config.n_shards)
+        calls = []
+        for s, handle in enumerate(cv.view.shards):
+            sub = [ids[i] for i in np.flatnonzero(assign == s)]
+            if sub:
+                calls.append(lambda h=handle, sub=sub: getattr(h, method).remote(cv.key, sub, *args))
+        return await self.fan_out(calls)
+
+    async def all_shards(self, cv: CachedView, method: str, *args: Any) -> list[Any]:
+        return await self.fan_out([lambda h=h: getattr(h, method).remote(cv.key, *args) for h in cv.view.shards])
+
+    async def count(self, cv: CachedView) -> int:
+        stats = await self.all_shards(cv, "stats")
+        cv.counts = {s: st.count for s, st in enumerate(stats)}
+        return sum(cv.counts.values())
+
+    async def fetch(self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool) -> dict[str, dict[str, Any]]:
+        parts: list[Fetched] = await self.by_shard(cv, ids, "get", vectors, metadata, contents)
+        found: dict[str, dict[str, Any]] = {}
+        for part in parts:
+            for j, item_id in enumerate(part.ids):
+                entry: dict[str, Any] = {"id": item_id}
+                if part.vectors is not None:
+                    entry["vector"] = part.vectors[j]
+                if part.contents is not None:
+                    entry["contents"] = part.contents[j]
+                if part.metadata is not None:
+                    m = part.metadata[j]
+                    entry["metadata"] = orjson.Fragment(m) if m is not None else {}
+                found[item_id] = entry
+        return found
+
+
+def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
+    """Per-shard top-k blocks -> global top-k (ascending distance)."""
+    if len(parts) == 1:
+        p = parts[0]
+        d, ids, meta = p.distances, p.ids, p.metadata
+    else:
+        n_shards = len(parts)
+        d = np.concatenate([p.distances for p in parts], axis=1)
+        col = np.argsort(d, axis=1, kind="stable")[:, :k]
+        d = np.take_along_axis(d, col, axis=1)
+        ids = np.take_along_axis(np.concatenate([p.ids for p in parts], axis=1), col, axis=1)
+        meta = None
+        if with_metadata:
+            meta = np.take_along_axis(np.concatenate([p.metadata for p in parts], axis=1), col, axis=1)  # type: ignore[misc]
+        del n_shards
+    counts = np.isfinite(d).sum(axis=1)
+    return Hits(d, ids, meta, counts)
+
+
+def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
+    d, ids = hits.distances.copy(), hits.ids.copy()
+    d[rows], ids[rows] = sub.distances, sub.ids
+    meta = None
+    if hits.metadata is not None and sub.metadata is not None:
+        meta = hits.metadata.copy()
+        meta[rows] = sub.metadata
+    counts = hits.counts.copy()
+    counts[rows] = sub.counts
+    return Hits(d, ids, meta, counts)
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+__all__ = ["CachedView", "Engine", "Hits", "merge", "merge_topk"]

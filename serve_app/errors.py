@@ -1,0 +1,67 @@
+"""One error handler: every failure becomes ``{"status_code": n, "detail": "..."}``.
+
+Validation errors keep pydantic's location and message but drop the offending input, so no
+key, vector or content ever appears in an error body. Unexpected errors are logged with a
+request id and answered with a scrubbed 500 carrying that id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from actors.errors import InternalError, VaultvecError
+from serve_app.engine import SHARD_ERRORS, unwrap
+
+log = logging.getLogger("vaultvec.errors")
+
+
+def error_response(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -> Response:
+    body: dict[str, Any] = {"status_code": status, "detail": detail}
+    if errors:
+        body["errors"] = errors
+    headers = {"WWW-Authenticate": "X-API-Key"} if status == 401 else None
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def scrub_validation(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        out.append({"loc": loc, "msg": err.get("msg", "invalid value"), "type": err.get("type", "value_error")})
+    return out
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(VaultvecError)
+    async def _vaultvec(_: Request, exc: VaultvecError) -> Response:
+        return error_response(exc.status_code, exc.detail, exc.errors)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        errors = scrub_validation(exc.errors())
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(first["loc"]) or "body"
+        return error_response(422, f"{where}: {first['msg']}", errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        cause = unwrap(exc)
+        if isinstance(cause, VaultvecError):
+            return error_response(cause.status_code, cause.detail, cause.errors)
+        if isinstance(exc, SHARD_ERRORS):
+            return error_response(503, "a shard of this index is unavailable; retry later")
+        request_id = uuid.uuid4().hex[:12]
+        log.exception("internal error (request %s): %s", request_id, type(cause).__name__)
+        return error_response(500, f"{InternalError.default_detail} (request id {request_id})")

@@ -1,0 +1,22 @@
+"""OpenAPI descriptions of the error responses every route may give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.models import ErrorResponse
+
+
+def _doc(text: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": text}
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _doc("Missing or wrong X-API-Key, or wrong index_key"),
+    404: _doc("Unknown index"),
+    409: _doc("An index with this name exists"),
+    413: _doc("Request body over the size limit"),
+    422: _doc("Invalid parameters"),
+    500: _doc("Internal error (message scrubbed, request id kept)"),
+    503: _doc("A shard is unavailable past the retry budget"),
+}

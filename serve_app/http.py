@@ -1,0 +1,95 @@
+"""HTTP plumbing shared by the routers: orjson bodies, the body-size limit, API-key auth."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+
+from actors.errors import PayloadTooLarge, Unauthorized
+
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=OPTIONS)
+
+
+class OrjsonRequest(Request):
+    """Parses JSON bodies with orjson and enforces the configured body-size limit."""
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            limit = REPLICA.settings.max_body_bytes
+            declared = self.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+            chunks = []
+            size = 0
+            async for chunk in self.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+            self._body = b"".join(chunks)
+        return self._body
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())
+        return self._json
+
+
+class Route(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(OrjsonRequest(request.scope, request.receive))
+
+        return route
+
+
+def require_api_key(request: Request) -> None:
+    """FastAPI dependency: the X-API-Key header must match one of the configured keys."""
+    given = request.headers.get("x-api-key")
+    if not given:
+        raise Unauthorized("missing X-API-Key header")
+    keys: list[str] = REPLICA.settings.api_key
+    ok = False
+    for key in keys:  # compare against every key: timing does not reveal which matched
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    if not ok:
+        raise Unauthorized("invalid API key")
+
+
+class _Replica:
+    """Per-process state of a gateway replica (Serve runs each replica in its own process and
+    hands it a copy of the FastAPI app, so app.state is not a reliable place for it)."""
+
+    settings: Any = None
+    engine: Any = None
+
+
+REPLICA = _Replica()
+
+
+def configure_replica(settings: Any, engine: Any) -> None:
+    REPLICA.settings = settings
+    REPLICA.engine = engine
+
+
+def engine_of(request: Request) -> Any:
+    return REPLICA.engine
+
+
+def settings_of(request: Request) -> Any:
+    return REPLICA.settings

@@ -1,0 +1,171 @@
+"""Request and response models of the /v1 API (wire-compatible with CyborgDB's v0.12-0.14 service).
+
+A field sent as JSON null means "use the default": every optional field is ``X | None = None``
+and defaults are resolved by the engine. Unknown fields are ignored, as existing clients send
+fields of later versions. Vectors are declared with their real JSON types for the OpenAPI schema
+but validated by numpy (shape, finiteness), which is much faster than per-element validation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
+
+IndexType = Literal["ivfflat", "ivf", "ivfpq"]
+Metric = Literal["euclidean", "squared_euclidean", "cosine"]
+QueryInclude = Literal["distance", "metadata"]
+GetInclude = Literal["vector", "contents", "metadata"]
+
+IndexName = Annotated[str, Field(min_length=1, max_length=255, description="Index name")]
+IndexKey = Annotated[
+    str, Field(description="The index's 32-byte key as 64 hex characters; never stored")
+]
+Vector = Annotated[list[float], SkipValidation]
+Matrix = Annotated[list[list[float]], SkipValidation]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class IndexRequest(Model):
+    index_name: IndexName
+    index_key: IndexKey
+
+
+class IndexConfigIn(Model):
+    type: IndexType | None = Field(None, description="ivfflat (default), ivf (SQ8) or ivfpq")
+    dimension: int | None = Field(None, ge=1, le=65536)
+    pq_dim: int | None = Field(None, ge=1, description="ivfpq: sub-quantizers; divides dimension")
+    pq_bits: int | None = Field(None, ge=1, le=16, description="ivfpq: bits per sub-quantizer")
+    metric: Metric | None = None
+
+
+class CreateIndexRequest(IndexRequest):
+    index_config: IndexConfigIn | None = None
+    metric: Metric | None = Field(None, description="euclidean (default), squared_euclidean, cosine")
+    embedding_model: str | None = None
+
+
+class TrainRequest(IndexRequest):
+    n_lists: int | None = Field(None, ge=1, description="number of IVF lists; null/0 = automatic")
+    batch_size: int | None = Field(None, ge=1)
+    max_iters: int | None = Field(None, ge=1, le=1000)
+    tolerance: float | None = Field(None, ge=0)
+    max_memory: int | None = Field(None, ge=0, description="bytes of training sample; 0 = no limit")
+
+
+class Item(Model):
+    id: str = Field(min_length=1, max_length=1024)
+    vector: Vector | None = None
+    contents: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class UpsertRequest(IndexRequest):
+    items: list[Item] = Field(min_length=1)
+
+
+class QueryRequest(IndexRequest):
+    query_vectors: Vector | Matrix | None = Field(
+        None, description="one vector (flat results) or a list of vectors (a result list each)"
+    )
+    query_contents: str | None = None
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[QueryInclude] | None = Field(None, description='default ["distance","metadata"]')
+
+
+class GetRequest(IndexRequest):
+    ids: list[str] = Field(min_length=1)
+    include: list[GetInclude] | None = None
+
+
+class DeleteRequest(IndexRequest):
+    ids: list[str] = Field(min_length=1)
+
+
+# -- responses ------------------------------------------------------------------------------
+class StatusResponse(Model):
+    status: str
+    message: str
+
+
+class HealthResponse(Model):
+    status: str
+    api_version: str
+    version: str
+
+
+class ListIndexesResponse(Model):
+    indexes: list[str]
+
+
+class IndexConfigOut(Model):
+    type: IndexType
+    dimension: int | None
+    metric: Metric
+    n_lists: int
+    pq_dim: int | None = None
+    pq_bits: int | None = None
+
+
+class DescribeResponse(Model):
+    index_name: str
+    index_type: IndexType
+    is_trained: bool
+    index_config: IndexConfigOut
+    embedding_model: str | None
+    num_vectors: int
+
+
+class TrainingStatusResponse(Model):
+    training_indexes: list[str]
+    retrain_threshold: int
+
+
+class UpsertResponse(StatusResponse):
+    upserted_count: int
+
+
+class DeleteResponse(StatusResponse):
+    deleted_count: int
+
+
+class QueryResult(Model):
+    id: str
+    distance: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class QueryResponse(Model):
+    results: list[QueryResult] | list[list[QueryResult]]
+
+
+class GetResult(Model):
+    id: str
+    vector: list[float] | None = None
+    contents: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class GetResponse(Model):
+    results: list[GetResult]
+
+
+class ListIdsResponse(Model):
+    ids: list[str]
+    count: int
+
+
+class NumVectorsResponse(Model):
+    result: int
+
+
+class ErrorResponse(Model):
+    status_code: int
+    detail: str
+    errors: list[dict[str, Any]] | None = None

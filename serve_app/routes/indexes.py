@@ -1,0 +1,123 @@
+"""/v1/indexes/*: create, list, describe, delete, train, training-status."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from actors.control import new_index_id
+from actors.crypto import derive_keys, new_salt, parse_index_key
+from actors.errors import InvalidRequest
+from actors.training import TrainParams
+from actors.types import IndexConfig, IndexMeta
+from serve_app.errors_doc import ERRORS
+from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
+from serve_app.models import (
+    CreateIndexRequest,
+    DescribeResponse,
+    IndexRequest,
+    ListIndexesResponse,
+    StatusResponse,
+    TrainingStatusResponse,
+    TrainRequest,
+)
+
+router = APIRouter(prefix="/indexes", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS)
+
+
+@router.get("/list", response_model=ListIndexesResponse)
+async def list_indexes(request: Request) -> JSON:
+    engine = engine_of(request)
+    return JSON({"indexes": await engine.call(engine.control.list_indexes.remote())})
+
+
+@router.post("/create", response_model=StatusResponse, responses={409: ERRORS[409]})
+async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
+    engine, settings = engine_of(request), settings_of(request)
+    key = parse_index_key(body.index_key)
+    cfg_in = body.index_config
+    index_type = (cfg_in.type if cfg_in else None) or "ivfflat"
+    metric = body.metric or (cfg_in.metric if cfg_in else None) or "euclidean"
+    dimension = cfg_in.dimension if cfg_in else None
+    pq_dim = cfg_in.pq_dim if cfg_in else None
+    pq_bits = cfg_in.pq_bits if cfg_in else None
+    if index_type != "ivfpq" and (pq_dim or pq_bits):
+        raise InvalidRequest("pq_dim and pq_bits apply only to ivfpq indexes")
+    if index_type == "ivfpq":
+        pq_bits = pq_bits or 8
+        if pq_dim is not None and dimension is not None and dimension % pq_dim:
+            raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
+    if body.embedding_model:
+        raise InvalidRequest(
+            f"unknown embedding_model {body.embedding_model!r}; this server has no embedding models configured"
+        )
+    salt = new_salt()
+    keys = derive_keys(key, body.index_name, salt)
+    meta = IndexMeta(body.index_name, new_index_id(), salt, keys.verifier)
+    cfg = IndexConfig(
+        name=body.index_name,
+        index_id=meta.index_id,
+        index_type=index_type,
+        metric=metric,
+        n_shards=settings.shards,
+        dimension=dimension,
+        pq_dim=pq_dim,
+        pq_bits=pq_bits,
+        recall_target=settings.recall_target,
+    )
+    await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg))
+    engine.forget(body.index_name)
+    return JSON({"status": "success", "message": f"Index '{body.index_name}' created"})
+
+
+@router.post("/describe", response_model=DescribeResponse)
+async def describe_index(body: IndexRequest, request: Request) -> JSON:
+    engine = engine_of(request)
+    cv = await engine.view(body.index_name, body.index_key)
+    num = await engine.count(cv)
+    cfg = cv.config  # after count: a newer training version refreshes the view
+    cfg = engine._views.get(body.index_name, cv).config
+    index_config = {"type": cfg.index_type, "dimension": cfg.dimension, "metric": cfg.metric, "n_lists": cfg.n_lists}
+    if cfg.index_type == "ivfpq":
+        index_config.update(pq_dim=cfg.pq_dim, pq_bits=cfg.pq_bits)
+    return JSON(
+        {
+            "index_name": cfg.name,
+            "index_type": cfg.index_type,
+            "is_trained": cfg.is_trained,
+            "index_config": index_config,
+            "embedding_model": cfg.embedding_model,
+            "num_vectors": num,
+        }
+    )
+
+
+@router.post("/delete", response_model=StatusResponse)
+async def delete_index(body: IndexRequest, request: Request) -> JSON:
+    engine = engine_of(request)
+    cv = await engine.view(body.index_name, body.index_key)
+    await engine.call(engine.control.delete_index.remote(body.index_name, cv.key))
+    engine.forget(body.index_name)
+    return JSON({"status": "success", "message": f"Index '{body.index_name}' deleted"})
+
+
+@router.post("/train", response_model=StatusResponse)
+async def train_index(body: TrainRequest, request: Request) -> JSON:
+    engine = engine_of(request)
+    cv = await engine.view(body.index_name, body.index_key)
+    params = TrainParams(
+        n_lists=body.n_lists or None,
+        batch_size=body.batch_size,
+        max_iters=body.max_iters,
+        tolerance=body.tolerance,
+        max_memory=body.max_memory or None,
+    )
+    status = await engine.call(engine.control.train.remote(body.index_name, cv.key, params, True))
+    engine.forget(body.index_name)
+    message = "Index trained" if status == "success" else "Training continues in the background"
+    return JSON({"status": status, "message": message})
+
+
+@router.get("/training-status", response_model=TrainingStatusResponse)
+async def training_status(request: Request) -> JSON:
+    engine = engine_of(request)
+    return JSON(await engine.call(engine.control.training_status.remote()))
