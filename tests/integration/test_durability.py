@@ -1,0 +1,115 @@
+"""Kill the whole real server with SIGKILL under write load; every acknowledged item survives.
+
+Runs `vaultvec serve` as a separate process tree (its own Ray, its own RAY_TMPDIR) so the kill
+takes out the gateway, the shards, the control plane and Ray itself, as a power cut would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import random_key
+from tests.integration.conftest import free_port
+
+API_KEY = "durability-key"
+pytestmark = pytest.mark.slow
+
+
+def start_server(storage: Path, ray_tmp: str, port: int) -> subprocess.Popen[str]:
+    env = dict(os.environ, RAY_TMPDIR=ray_tmp, VAULTVEC_WAL_MAX_RECORDS="8")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster.cli", "serve", "--storage", f"file://{storage}", "--port", str(port), "--api-key", API_KEY],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "vaultvec serving at" in line:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
+            return proc
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError("server did not start")
+
+
+def kill_tree(proc: subprocess.Popen[str], ray_tmp: str) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # Ray daemons may have left the process group: kill whatever still uses this Ray's tmp dir.
+    subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
+    time.sleep(1)
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
+    storage = tmp_path / "store"
+    ray_tmp = tempfile.mkdtemp(prefix="vv", dir="/tmp")
+    port = free_port()
+    key = random_key()
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(4000, 16)).astype(np.float32)
+    acked: set[int] = set()
+    proc = start_server(storage, ray_tmp, port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        headers = {"X-API-Key": API_KEY}
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
+            assert c.post("/v1/indexes/create", json={"index_name": "d", "index_key": key}).status_code == 200
+
+            def writer(start: int, stop: int) -> None:
+                with httpx.Client(base_url=url, headers=headers, timeout=60) as w:
+                    for i in range(start, stop, 20):
+                        items = [
+                            {"id": f"k{j}", "vector": vectors[j].tolist(), "metadata": {"j": j}, "contents": f"c{j}"}
+                            for j in range(i, min(i + 20, stop))
+                        ]
+                        try:
+                            r = w.post("/v1/vectors/upsert", json={"index_name": "d", "index_key": key, "items": items})
+                        except httpx.HTTPError:
+                            return  # the server died mid-request: not acknowledged
+                        if r.status_code == 200:
+                            acked.update(range(i, min(i + 20, stop)))
+
+            threads = [threading.Thread(target=writer, args=(s, s + 1000)) for s in range(0, 4000, 1000)]
+            for t in threads:
+                t.start()
+            while len(acked) < 1500:
+                time.sleep(0.05)
+            kill_tree(proc, ray_tmp)
+            for t in threads:
+                t.join(timeout=60)
+        assert len(acked) >= 1500
+
+        proc = start_server(storage, ray_tmp, port)
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
+            ids = [f"k{j}" for j in sorted(acked)]
+            got = c.post("/v1/vectors/get", json={"index_name": "d", "index_key": key, "ids": ids})
+            assert got.status_code == 200
+            results = got.json()["results"]
+            assert [r["id"] for r in results] == ids
+            for r in results[:: max(1, len(results) // 200)]:
+                j = int(r["id"][1:])
+                np.testing.assert_array_equal(np.asarray(r["vector"], np.float32), vectors[j])
+                assert r["metadata"] == {"j": j} and r["contents"] == f"c{j}"
+            # A wrong key after the restart unlocks nothing.
+            bad = c.post("/v1/vectors/num_vectors", json={"index_name": "d", "index_key": random_key()})
+            assert bad.status_code == 401
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc, ray_tmp)

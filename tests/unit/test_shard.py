@@ -1,0 +1,158 @@
+"""Shard engine without Ray: writes, WAL replay, snapshots, rebuild under load, greedy, filters."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from actors.errors import DecryptError
+from actors.filters import parse_filter
+from actors.partition import serialize
+from actors.shard import Shard
+from actors.training import TrainParams, train_template
+from actors.types import SearchRequest, UpsertBatch
+from tests.conftest import clustered
+
+KEY = bytes(range(32))
+
+
+def batch(x: np.ndarray, start: int, meta: bool = True) -> UpsertBatch:
+    ids = tuple(f"id{start + i}" for i in range(len(x)))
+    metadata = tuple(orjson.dumps({"n": start + i, "even": (start + i) % 2 == 0}) if meta else None for i in range(len(x)))
+    contents = tuple(f"text {start + i}" for i in range(len(x)))
+    return UpsertBatch(ids, x, None, metadata, contents)
+
+
+def exact_ids(x: np.ndarray, q: np.ndarray, k: int, offset: int = 0) -> list[list[str]]:
+    d = ((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+    return [[f"id{offset + j}" for j in row] for row in np.argsort(d, axis=1)[:, :k]]
+
+
+def one_list(q: np.ndarray) -> SearchRequest:
+    z = np.zeros((len(q), 1), dtype=np.int64)
+    return SearchRequest(q, 5, 0, z, np.zeros((len(q), 1), np.float32))
+
+
+def new_shard(path: Path, **kw) -> Shard:
+    return Shard(f"file://{path}", "idx", "id0", 0, **kw)
+
+
+def test_untrained_is_exact_and_survives_reload(tmp_path: Path) -> None:
+    x = clustered(500, 16, seed=1)
+    shard = new_shard(tmp_path, wal_max_records=4)
+    for start in range(0, 500, 50):  # 10 WAL records: two snapshots roll, two records remain
+        shard.upsert(KEY, batch(x[start : start + 50], start))
+    shard.delete(KEY, ["id3", "id4", "missing"])
+    q = x[:5] + 0.01
+    res, n_match = shard.search(KEY, one_list(q))
+    keep = np.array([i not in (3, 4) for i in range(500)])
+    expected = [[i for i in row] for row in exact_ids(x[keep], q, 5)]
+    # exact_ids numbers rows of the filtered array; map back to real ids
+    real = np.flatnonzero(keep)
+    expected = [[f"id{real[int(i[2:])]}" for i in row] for row in expected]
+    assert res.ids.tolist() == expected
+    assert n_match == 498
+
+    reloaded = new_shard(tmp_path)
+    res2, _ = reloaded.search(KEY, one_list(q))
+    assert res2.ids.tolist() == expected
+    np.testing.assert_array_equal(res2.distances, res.distances)
+    got = reloaded.get(KEY, ["id7", "id3", "nope"], vectors=True, metadata=True, contents=True)
+    assert got.ids == ["id7"]
+    np.testing.assert_array_equal(got.vectors, x[7:8])
+    assert got.contents == ["text 7"] and orjson.loads(got.metadata[0]) == {"n": 7, "even": False}
+
+
+def test_upsert_replaces_item_completely(tmp_path: Path) -> None:
+    shard = new_shard(tmp_path)
+    x = clustered(20, 8, seed=2)
+    shard.upsert(KEY, batch(x, 0))
+    shard.upsert(KEY, UpsertBatch(("id1",), x[5:6] * 3, None, (None,), (None,)))
+    got = shard.get(KEY, ["id1"], True, True, True)
+    np.testing.assert_array_equal(got.vectors, x[5:6] * 3)
+    assert got.metadata == [None] and got.contents == [None]
+    assert shard.stats(KEY).count == 20
+    res, _ = shard.search(KEY, one_list(x[1:2]))
+    assert "id1" not in res.ids[0, :1].tolist() or res.distances[0, 0] > 0
+
+
+def test_wrong_key_cannot_load(tmp_path: Path) -> None:
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(clustered(10, 8), 0))
+    with pytest.raises(DecryptError):
+        new_shard(tmp_path).stats(bytes(32))
+
+
+def test_torn_wal_tail_is_ignored(tmp_path: Path) -> None:
+    shard = new_shard(tmp_path)
+    x = clustered(30, 8)
+    shard.upsert(KEY, batch(x[:10], 0))
+    shard.upsert(KEY, batch(x[10:20], 10))
+    wal = next((tmp_path / "logs").rglob("*"), None)
+    logs = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+    assert wal is not None and len(logs) == 1
+    data = logs[0].read_bytes()
+    logs[0].write_bytes(data[:-7])  # the last append never completed
+    assert new_shard(tmp_path).stats(KEY).count == 10
+
+
+def test_filters_apply_before_top_k(tmp_path: Path) -> None:
+    shard = new_shard(tmp_path)
+    x = clustered(400, 8, seed=3)
+    shard.upsert(KEY, batch(x, 0))
+    req = one_list(x[:3])
+    req = SearchRequest(req.queries, 5, 0, req.list_nos, req.coarse_dis, parse_filter({"n": {"$gte": 390}}))
+    res, n_match = shard.search(KEY, req)
+    assert n_match == 10
+    assert all(int(i[2:]) >= 390 for i in res.ids.ravel())
+    assert (res.distances[:, :5] < np.inf).all()
+
+
+def trained_shard(tmp_path: Path, x: np.ndarray, n_lists: int = 32) -> tuple[Shard, object]:
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x, 0))
+    template = train_template(x, "ivfflat", n_lists, None, None, TrainParams(max_iters=10))
+    shard.rebuild(KEY, 1, serialize(template))
+    return shard, template
+
+
+def test_greedy_finds_exact_neighbours(tmp_path: Path) -> None:
+    x = clustered(3000, 16, n_clusters=30, seed=4)
+    shard, template = trained_shard(tmp_path, x)
+    q = clustered(50, 16, n_clusters=30, seed=5)
+    coarse, lists = template.quantizer.search(q, 1)
+    res, _ = shard.search(KEY, SearchRequest(q, 10, 1, lists, coarse, greedy=True))
+    assert res.ids.tolist() == exact_ids(x, q, 10)
+    plain, _ = shard.search(KEY, SearchRequest(q, 10, 1, lists, coarse))
+    assert plain.ids.tolist() != exact_ids(x, q, 10)  # one probe alone is not exact here
+
+
+def test_rebuild_keeps_writes_made_during_it(tmp_path: Path) -> None:
+    x = clustered(4000, 16, seed=6)
+    shard, _ = trained_shard(tmp_path, x[:3000])
+    template = train_template(x[:3000], "ivfflat", 64, None, None, TrainParams(max_iters=5))
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> None:
+        start = 3000
+        while not stop.is_set() and start < 4000:
+            shard.upsert(KEY, batch(x[start : start + 10], start))
+            written.append(start)
+            start += 10
+
+    t = threading.Thread(target=writer)
+    t.start()
+    shard.rebuild(KEY, 2, serialize(template))
+    stop.set()
+    t.join()
+    expected = 3000 + 10 * len(written)
+    assert shard.stats(KEY).count == expected and shard.version == 2
+    assert shard.partition is not None and shard.partition.ntotal == expected
+    reloaded = new_shard(tmp_path)
+    assert reloaded.stats(KEY).count == expected and reloaded.version == 2
+    assert reloaded.partition is not None and reloaded.partition.nlist == 64
