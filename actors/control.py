@@ -6,6 +6,7 @@ pass through it. Training runs in a background thread of this (threaded) actor.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import threading
@@ -21,7 +22,7 @@ from actors import persistence
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
 from actors.partition import centroids_of, deserialize, serialize
 from actors.shard import Shard
-from actors.store import Store, key_join, open_store
+from actors.store import Store, open_store
 from actors.training import TrainParams, auto_n_lists, calibrate_nprobe, sample_size, train_template
 from actors.types import IndexConfig, IndexMeta
 
@@ -105,10 +106,8 @@ class ControlPlane:
             self._catalog.pop(name, None)
             self._configs.pop(name, None)
         for s in range(cfg.n_shards):
-            try:
+            with contextlib.suppress(ValueError):  # never started
                 ray.kill(ray.get_actor(shard_actor_name(meta.index_id, s), namespace=NAMESPACE))
-            except ValueError:
-                pass
         self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
 
     def config(self, name: str, key: bytes) -> IndexConfig:
@@ -146,7 +145,7 @@ class ControlPlane:
         """Handles of the index's shard actors, created on first use (named, detached)."""
         o = self.options
         return [
-            ShardActor.options(  # type: ignore[attr-defined]
+            ShardActor.options(
                 name=shard_actor_name(meta.index_id, s),
                 namespace=NAMESPACE,
                 lifetime="detached",
@@ -207,7 +206,9 @@ class ControlPlane:
             running = sorted(n for n, f in self._training.items() if not f.done())
         return {"training_indexes": running, "retrain_threshold": self.options.auto_train_threshold}
 
-    def _train_job(self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]) -> None:
+    def _train_job(
+        self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]
+    ) -> None:
         try:
             future.set_result(self._train(name, key, params))
         except BaseException as exc:
@@ -231,16 +232,26 @@ class ControlPlane:
             raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
         size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
         parts = ray.get(
-            [sh.sample.remote(key, math.ceil(size * c / total) + 1, seed) for seed, (sh, c) in enumerate(zip(shards, counts))]
+            [
+                sh.sample.remote(key, math.ceil(size * c / total) + 1, seed)
+                for seed, (sh, c) in enumerate(zip(shards, counts))
+            ]
         )
         sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32)
         template = train_template(sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params)
         table = calibrate_nprobe(template, sample, cfg.recall_target)
-        new_cfg = cfg.evolve(version=cfg.version + 1, n_lists=n_lists, trained_size=total, nprobe_table=table)
+        new_cfg = cfg.evolve(
+            version=cfg.version + 1, n_lists=n_lists, trained_size=total, nprobe_table=table
+        )
         blob = serialize(template)
         persistence.write_template(self.store, key, new_cfg, blob)
         ref = ray.put(blob)
-        ray.get([sh.rebuild.remote(key, new_cfg.version, ref, params.batch_size or 65536) for sh in shards])
+        ray.get(
+            [
+                sh.rebuild.remote(key, new_cfg.version, ref, params.batch_size or 65536)
+                for sh in shards
+            ]
+        )
         with self._lock:
             if name not in self._catalog:
                 raise IndexNotFound(f"index {name!r} was deleted during training")
@@ -258,7 +269,3 @@ class ControlPlane:
 
 def new_index_id() -> str:
     return secrets.token_hex(8)
-
-
-def catalog_key(index_id: str) -> str:
-    return key_join("indexes", index_id)

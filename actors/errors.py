@@ -25,7 +25,9 @@ class VaultvecError(Exception):
         return (_rebuild, (type(self), self.detail, self.errors))
 
 
-def _rebuild(cls: type[VaultvecError], detail: str, errors: list[dict[str, Any]] | None) -> VaultvecError:
+def _rebuild(
+    cls: type[VaultvecError], detail: str, errors: list[dict[str, Any]] | None
+) -> VaultvecError:
     return cls(detail, errors=errors)
 
 

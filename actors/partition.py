@@ -25,7 +25,9 @@ def untrained_template(dimension: int) -> faiss.IndexIVF:
     return index
 
 
-def new_ivf(index_type: str, dimension: int, n_lists: int, pq_dim: int | None, pq_bits: int | None) -> faiss.IndexIVF:
+def new_ivf(
+    index_type: str, dimension: int, n_lists: int, pq_dim: int | None, pq_bits: int | None
+) -> faiss.IndexIVF:
     quantizer = faiss.IndexFlatL2(dimension)
     if index_type == "ivfflat":
         index = faiss.IndexIVFFlat(quantizer, dimension, n_lists, faiss.METRIC_L2)
@@ -153,8 +155,15 @@ class PartitionIndex:
             selector = faiss.IDSelectorBitmap(len(selector_bits) * 8, swig_ptr(selector_bits))
             params.sel = selector
         self.index.search_preassigned_c(
-            n, swig_ptr(x), k, swig_ptr(list_nos), swig_ptr(coarse_dis),
-            swig_ptr(distances), swig_ptr(labels), False, params,
+            n,
+            swig_ptr(x),
+            k,
+            swig_ptr(list_nos),
+            swig_ptr(coarse_dis),
+            swig_ptr(distances),
+            swig_ptr(labels),
+            False,
+            params,
         )
         del selector
         return distances, labels
@@ -190,9 +199,7 @@ class PartitionIndex:
             cols = np.arange(start, stop)
             window[cols[None, :] < probed[todo, None]] = -1
             d2, l2 = self.search(x[todo], k, window, dis_c[todo, start:stop], selector_bits)
-            distances[todo], labels[todo] = merge_topk(
-                [distances[todo], d2], [labels[todo], l2], k
-            )
+            distances[todo], labels[todo] = merge_topk([distances[todo], d2], [labels[todo], l2], k)
             probed[todo] = stop
 
 

@@ -49,13 +49,20 @@ def generations(store: Store, index_id: str, shard: int, kind: str) -> list[int]
 
 # -- catalog entry & config -----------------------------------------------------------------
 def write_meta(store: Store, meta: IndexMeta) -> None:
-    doc = {"name": meta.name, "index_id": meta.index_id, "salt": meta.salt.hex(), "verifier": meta.verifier.hex()}
+    doc = {
+        "name": meta.name,
+        "index_id": meta.index_id,
+        "salt": meta.salt.hex(),
+        "verifier": meta.verifier.hex(),
+    }
     store.put(meta_key(meta.index_id), orjson.dumps(doc))
 
 
 def read_meta(raw: bytes) -> IndexMeta:
     doc = orjson.loads(raw)
-    return IndexMeta(doc["name"], doc["index_id"], bytes.fromhex(doc["salt"]), bytes.fromhex(doc["verifier"]))
+    return IndexMeta(
+        doc["name"], doc["index_id"], bytes.fromhex(doc["salt"]), bytes.fromhex(doc["verifier"])
+    )
 
 
 def write_config(store: Store, key: bytes, cfg: IndexConfig) -> None:

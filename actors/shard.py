@@ -25,7 +25,7 @@ from actors.errors import InvalidRequest
 from actors.items import ItemTable
 from actors.partition import PartitionIndex, serialize
 from actors.store import Store, open_store
-from actors.types import Fetched, IndexConfig, SearchRequest, SearchResult, ShardStats, UpsertBatch
+from actors.types import Fetched, SearchRequest, SearchResult, ShardStats, UpsertBatch
 
 
 class Shard:
@@ -78,11 +78,15 @@ class Shard:
         snaps = persistence.generations(self.store, self.index_id, self.shard_no, "snap")
         if snaps:
             self.gen = snaps[-1]
-            self._restore(self.store.get(persistence.snap_key(self.index_id, self.shard_no, self.gen)))
+            self._restore(
+                self.store.get(persistence.snap_key(self.index_id, self.shard_no, self.gen))
+            )
         for gen in persistence.generations(self.store, self.index_id, self.shard_no, "wal"):
             if gen < self.gen:
                 continue
-            for record in self.store.read_log(persistence.wal_key(self.index_id, self.shard_no, gen)):
+            for record in self.store.read_log(
+                persistence.wal_key(self.index_id, self.shard_no, gen)
+            ):
                 seq, frame = persistence.open_record(key, self.name, self.shard_no, gen, record)
                 if seq <= self.seq:
                     continue
@@ -96,7 +100,9 @@ class Shard:
 
     def _restore(self, blob: bytes | None) -> None:
         assert blob is not None and self._key is not None
-        raw = open_sealed(self._key, blob, aad(self.name, "snapshot", self.shard_no, version=self.gen))
+        raw = open_sealed(
+            self._key, blob, aad(self.name, "snapshot", self.shard_no, version=self.gen)
+        )
         meta, arrays = codec.unpack(raw)
         self.seq = meta["seq"]
         self.version = meta["version"]
@@ -109,7 +115,11 @@ class Shard:
         while True:
             time.sleep(max(1.0, self.idle_ttl_s / 4))
             with self._lock:
-                if self._loaded and self._pending is None and time.monotonic() - self._last_used > self.idle_ttl_s:
+                if (
+                    self._loaded
+                    and self._pending is None
+                    and time.monotonic() - self._last_used > self.idle_ttl_s
+                ):
                     self._loaded = False
                     self._reset()
 
@@ -153,7 +163,9 @@ class Shard:
     def _apply(self, op: str, payload: Any) -> None:
         if op == "upsert":
             batch: UpsertBatch = payload
-            labels, replaced = self.items.insert(batch.ids, batch.metadata, batch.contents, batch.norms)
+            labels, replaced = self.items.insert(
+                batch.ids, batch.metadata, batch.contents, batch.norms
+            )
             if self.partition is None:
                 self.partition = PartitionIndex.from_template(None, batch.vectors.shape[1])
             self.partition.remove(replaced)
@@ -192,7 +204,11 @@ class Shard:
             self._snapshot_lock.release()
 
     def _capture(self) -> bytes:
-        meta: dict[str, Any] = {"seq": self.seq, "version": self.version, "next_label": self.items.next_label}
+        meta: dict[str, Any] = {
+            "seq": self.seq,
+            "version": self.version,
+            "next_label": self.items.next_label,
+        }
         arrays = self.items.to_arrays()
         if self.partition is not None:
             meta["dimension"] = self.partition.dimension
@@ -221,7 +237,9 @@ class Shard:
             if part is None or part.ntotal == 0:
                 empty = np.empty((nq, k), dtype=object)
                 dist = np.full((nq, k), np.inf, dtype=np.float32)
-                return SearchResult(dist, empty, empty if req.with_metadata else None, self.version), 0
+                return SearchResult(
+                    dist, empty, empty if req.with_metadata else None, self.version
+                ), 0
             bits = self.items.selector_bits(req.filter)
             n_match = self.items.count_matching(req.filter)
             nprobe = req.list_nos.shape[1]
@@ -238,7 +256,9 @@ class Shard:
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
             return SearchResult(dist, ids, meta, self.version), n_match
 
-    def get(self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool) -> Fetched:
+    def get(
+        self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
+    ) -> Fetched:
         with self._lock:
             self._ensure_loaded(key)
             found = [i for i in ids if i in self.items.id_to_label]
@@ -267,7 +287,10 @@ class Shard:
             return ShardStats(
                 count=len(self.items),
                 version=self.version,
-                extra={"dimension": part.dimension if part else None, "wal_records": self._wal_records},
+                extra={
+                    "dimension": part.dimension if part else None,
+                    "wal_records": self._wal_records,
+                },
             )
 
     def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
@@ -282,7 +305,9 @@ class Shard:
             return self.partition.reconstruct(labels)
 
     # -- training swap ----------------------------------------------------------------------
-    def rebuild(self, key: bytes, version: int, template: np.ndarray, batch_size: int = 65536) -> ShardStats:
+    def rebuild(
+        self, key: bytes, version: int, template: np.ndarray, batch_size: int = 65536
+    ) -> ShardStats:
         """Re-insert every item into a fresh index from ``template`` and swap it in atomically."""
         with self._snapshot_lock:
             with self._lock:

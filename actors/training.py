@@ -73,10 +73,12 @@ def kmeans(x: np.ndarray, k: int, max_iters: int, tolerance: float | None, seed:
     if k == 1:
         return x.mean(axis=0, keepdims=True).astype(np.float32)
     if not tolerance:
-        km = faiss.Kmeans(d, k, niter=max_iters, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST)
+        km = faiss.Kmeans(
+            d, k, niter=max_iters, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST
+        )
         km.train(x)
         return np.asarray(km.centroids, dtype=np.float32)
-    centroids = None
+    centroids: np.ndarray | None = None
     previous = math.inf
     for _ in range(max_iters):
         km = faiss.Kmeans(d, k, niter=1, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST)
@@ -116,7 +118,11 @@ def calibrate_nprobe(
         _, truth = exact.search(queries, k_eff)
         # Compressed codes (SQ/PQ) cap recall below 1 whatever the probes: aim at the target
         # share of what probing every list reaches.
-        goal = target if isinstance(index, faiss.IndexIVFFlat) else target * _recall(index, queries, truth, k_eff, nlist)
+        goal = (
+            target
+            if isinstance(index, faiss.IndexIVFFlat)
+            else target * _recall(index, queries, truth, k_eff, nlist)
+        )
         nprobe = _smallest_nprobe(index, queries, truth, k_eff, goal)
         table.append((k, nprobe))
     # n_probes never decreases with top_k.
@@ -135,7 +141,9 @@ def _recall(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, npr
     return hits / truth.size
 
 
-def _smallest_nprobe(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, target: float) -> int:
+def _smallest_nprobe(
+    index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, target: float
+) -> int:
     nlist = int(index.nlist)
 
     def recall(nprobe: int) -> float:

@@ -41,15 +41,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vaultvec", description="Encrypted vector-index service on Ray Serve")
+    parser = argparse.ArgumentParser(
+        prog="vaultvec", description="Encrypted vector-index service on Ray Serve"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start local Ray + Serve (or join a cluster) and serve the API")
+    serve = sub.add_parser(
+        "serve", help="start local Ray + Serve (or join a cluster) and serve the API"
+    )
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
     serve.add_argument("--storage", help="store URL (default file://./vaultvec-data)")
-    serve.add_argument("--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS or start local Ray)")
+    serve.add_argument(
+        "--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS or start local Ray)"
+    )
     serve.add_argument("--shards", type=int, help="shards per new index (default 2)")
-    serve.add_argument("--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)")
+    serve.add_argument(
+        "--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)"
+    )
     serve.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     return int(args.func(args))

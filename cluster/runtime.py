@@ -56,7 +56,9 @@ def start(settings: Settings) -> str:
         address = settings.ray_address or os.environ.get("RAY_ADDRESS")
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    serve.run(build_app(settings.model_dump(mode="json")), name=APP_NAME, route_prefix="/", blocking=False)
+    serve.run(
+        build_app(settings.model_dump(mode="json")), name=APP_NAME, route_prefix="/", blocking=False
+    )
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     url = f"http://{host}:{settings.port}"
     wait_healthy(url)

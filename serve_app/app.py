@@ -39,7 +39,7 @@ fastapi_app = create_app()
 
 def control_plane(settings: Settings) -> Any:
     """The control-plane actor: found by name, created on first use (detached, restartable)."""
-    actor = ray.remote(ControlPlane).options(  # type: ignore[attr-defined]
+    actor = ray.remote(ControlPlane).options(
         name=CONTROL_NAME,
         namespace=NAMESPACE,
         get_if_exists=True,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import faiss
@@ -23,8 +23,14 @@ from actors.control import IndexView
 from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.errors import Unauthorized, Unavailable, VaultvecError
 from actors.filters import parse_filter
-from actors.partition import merge_topk
-from actors.types import Fetched, IndexMeta, SearchRequest, SearchResult, shard_assignment
+from actors.types import (
+    Fetched,
+    IndexConfig,
+    IndexMeta,
+    SearchRequest,
+    SearchResult,
+    shard_assignment,
+)
 
 log = logging.getLogger("vaultvec.engine")
 T = TypeVar("T")
@@ -40,7 +46,7 @@ class CachedView:
     counts: dict[int, int] = field(default_factory=dict)
 
     @property
-    def config(self):  # noqa: ANN201 - IndexConfig
+    def config(self) -> IndexConfig:
         return self.view.config
 
 
@@ -73,10 +79,11 @@ class Engine:
         """Verify ``key_hex`` against the index's stored verifier (constant time)."""
         key = parse_index_key(key_hex)
         for fresh in (False, True):
-            meta = None if fresh else self._metas.get(name)
-            if meta is None:
-                meta = await self.call(self.control.lookup.remote(name))
-                self._metas[name] = meta
+            cached = None if fresh else self._metas.get(name)
+            meta: IndexMeta = (
+                cached if cached is not None else await self.call(self.control.lookup.remote(name))
+            )
+            self._metas[name] = meta
             keys = derive_keys(key, name, meta.salt)
             if verify(keys, meta.verifier):
                 return meta, keys
@@ -85,7 +92,11 @@ class Engine:
     async def view(self, name: str, key_hex: str) -> CachedView:
         meta, keys = await self.keys(name, key_hex)
         cached = self._views.get(name)
-        if cached is not None and cached.view.meta.index_id == meta.index_id and cached.key == keys.data_key:
+        if (
+            cached is not None
+            and cached.view.meta.index_id == meta.index_id
+            and cached.key == keys.data_key
+        ):
             return cached
         return await self._load_view(name, keys.data_key)
 
@@ -114,7 +125,9 @@ class Engine:
         except Exception as exc:
             raise unwrap(exc) from None
 
-    async def fan_out(self, calls: Sequence[Callable[[], Awaitable[T]]], *, idempotent: bool = True) -> list[T]:
+    async def fan_out(
+        self, calls: Sequence[Callable[[], Awaitable[T]]], *, idempotent: bool = True
+    ) -> list[T]:
         """One call per shard, concurrently; shard outages are retried within a bounded budget."""
 
         async def one(make: Callable[[], Awaitable[T]]) -> T:
@@ -128,7 +141,9 @@ class Engine:
                         raise cause from None
                     if not isinstance(exc, SHARD_ERRORS) or attempt == attempts - 1:
                         if isinstance(exc, SHARD_ERRORS):
-                            raise Unavailable("a shard of this index is unavailable; retry later") from None
+                            raise Unavailable(
+                                "a shard of this index is unavailable; retry later"
+                            ) from None
                         raise
                     await asyncio.sleep(self.retry_backoff_s * (2**attempt))
             raise Unavailable()
@@ -145,7 +160,14 @@ class Engine:
         return lists, coarse
 
     async def search(
-        self, cv: CachedView, x: np.ndarray, k: int, nprobe: int, filter_: Any, greedy: bool, with_metadata: bool
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        k: int,
+        nprobe: int,
+        filter_: Any,
+        greedy: bool,
+        with_metadata: bool,
     ) -> Hits:
         node = parse_filter(filter_)
         cfg = cv.config
@@ -155,7 +177,7 @@ class Engine:
             lists, coarse = self.plan(cv, x, nprobe)
             req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata)
             parts: list[tuple[SearchResult, int]] = await self.fan_out(
-                [lambda s=s: s.search.remote(cv.key, req) for s in cv.view.shards]
+                [partial(s.search.remote, cv.key, req) for s in cv.view.shards]
             )
             hits = merge([p[0] for p in parts], k, with_metadata)
             # Fewer than top_k results while more items match: the probed lists ran dry, so probe
@@ -170,16 +192,18 @@ class Engine:
                 sub = await self.search(cv, x[short], k, nprobe, filter_, greedy, with_metadata)
                 return patch(hits, short, sub)
 
-    async def upsert_batches(self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]) -> int:
+    async def upsert_batches(
+        self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]
+    ) -> int:
         assign = shard_assignment(ids, cv.config.n_shards)
-        calls = []
+        calls: list[Callable[[], Awaitable[Any]]] = []
         touched = []
         for s, handle in enumerate(cv.view.shards):
             rows = np.flatnonzero(assign == s)
             if len(rows):
                 batch = make_batch(rows)
                 touched.append(s)
-                calls.append(lambda h=handle, b=batch: h.upsert.remote(cv.key, b))
+                calls.append(partial(handle.upsert.remote, cv.key, batch))
         stats = await self.fan_out(calls)
         for s, st in zip(touched, stats):
             cv.counts[s] = st.count
@@ -188,22 +212,28 @@ class Engine:
 
     async def by_shard(self, cv: CachedView, ids: list[str], method: str, *args: Any) -> list[Any]:
         assign = shard_assignment(ids, cv.config.n_shards)
-        calls = []
+        calls: list[Callable[[], Awaitable[Any]]] = []
         for s, handle in enumerate(cv.view.shards):
             sub = [ids[i] for i in np.flatnonzero(assign == s)]
             if sub:
-                calls.append(lambda h=handle, sub=sub: getattr(h, method).remote(cv.key, sub, *args))
+                calls.append(partial(getattr(handle, method).remote, cv.key, sub, *args))
         return await self.fan_out(calls)
 
     async def all_shards(self, cv: CachedView, method: str, *args: Any) -> list[Any]:
-        return await self.fan_out([lambda h=h: getattr(h, method).remote(cv.key, *args) for h in cv.view.shards])
+        return await self.fan_out(
+            [partial(getattr(h, method).remote, cv.key, *args) for h in cv.view.shards]
+        )
 
-    async def count(self, cv: CachedView) -> int:
+    async def count(self, cv: CachedView) -> tuple[int, CachedView]:
+        """Items in the index, and the view refreshed if a shard reported a newer version."""
         stats = await self.all_shards(cv, "stats")
         cv.counts = {s: st.count for s, st in enumerate(stats)}
-        return sum(cv.counts.values())
+        await self.refresh_if_stale(cv, [st.version for st in stats])
+        return sum(cv.counts.values()), self._views.get(cv.view.meta.name, cv)
 
-    async def fetch(self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool) -> dict[str, dict[str, Any]]:
+    async def fetch(
+        self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool
+    ) -> dict[str, dict[str, Any]]:
         parts: list[Fetched] = await self.by_shard(cv, ids, "get", vectors, metadata, contents)
         found: dict[str, dict[str, Any]] = {}
         for part in parts:
@@ -226,15 +256,14 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
         p = parts[0]
         d, ids, meta = p.distances, p.ids, p.metadata
     else:
-        n_shards = len(parts)
         d = np.concatenate([p.distances for p in parts], axis=1)
         col = np.argsort(d, axis=1, kind="stable")[:, :k]
         d = np.take_along_axis(d, col, axis=1)
         ids = np.take_along_axis(np.concatenate([p.ids for p in parts], axis=1), col, axis=1)
         meta = None
         if with_metadata:
-            meta = np.take_along_axis(np.concatenate([p.metadata for p in parts], axis=1), col, axis=1)  # type: ignore[misc]
-        del n_shards
+            blocks = [p.metadata for p in parts if p.metadata is not None]
+            meta = np.take_along_axis(np.concatenate(blocks, axis=1), col, axis=1)
     counts = np.isfinite(d).sum(axis=1)
     return Hits(d, ids, meta, counts)
 
@@ -249,10 +278,3 @@ def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
     counts = hits.counts.copy()
     counts[rows] = sub.counts
     return Hits(d, ids, meta, counts)
-
-
-def now() -> float:
-    return time.perf_counter()
-
-
-__all__ = ["CachedView", "Engine", "Hits", "merge", "merge_topk"]

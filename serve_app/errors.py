@@ -23,19 +23,29 @@ from serve_app.engine import SHARD_ERRORS, unwrap
 log = logging.getLogger("vaultvec.errors")
 
 
-def error_response(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -> Response:
+def error_response(
+    status: int, detail: str, errors: list[dict[str, Any]] | None = None
+) -> Response:
     body: dict[str, Any] = {"status_code": status, "detail": detail}
     if errors:
         body["errors"] = errors
     headers = {"WWW-Authenticate": "X-API-Key"} if status == 401 else None
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(
+        orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 def scrub_validation(errors: Any) -> list[dict[str, Any]]:
     out = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        out.append({"loc": loc, "msg": err.get("msg", "invalid value"), "type": err.get("type", "value_error")})
+        out.append(
+            {
+                "loc": loc,
+                "msg": err.get("msg", "invalid value"),
+                "type": err.get("type", "value_error"),
+            }
+        )
     return out
 
 

@@ -44,7 +44,9 @@ class IndexConfigIn(Model):
 
 class CreateIndexRequest(IndexRequest):
     index_config: IndexConfigIn | None = None
-    metric: Metric | None = Field(None, description="euclidean (default), squared_euclidean, cosine")
+    metric: Metric | None = Field(
+        None, description="euclidean (default), squared_euclidean, cosine"
+    )
     embedding_model: str | None = None
 
 

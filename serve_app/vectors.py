@@ -14,7 +14,9 @@ def as_matrix(value: Any, field: str) -> tuple[np.ndarray, bool]:
     try:
         arr = np.asarray(value, dtype=np.float32)
     except (ValueError, TypeError):
-        raise InvalidRequest(f"{field} must be a list of numbers or a list of equal-length lists of numbers") from None
+        raise InvalidRequest(
+            f"{field} must be a list of numbers or a list of equal-length lists of numbers"
+        ) from None
     if arr.ndim == 1:
         single = True
         arr = arr[None, :]
@@ -31,7 +33,9 @@ def as_matrix(value: Any, field: str) -> tuple[np.ndarray, bool]:
 
 def check_dimension(x: np.ndarray, dimension: int | None, field: str) -> None:
     if dimension is not None and x.shape[1] != dimension:
-        raise InvalidRequest(f"{field} has dimension {x.shape[1]}, the index has dimension {dimension}")
+        raise InvalidRequest(
+            f"{field} has dimension {x.shape[1]}, the index has dimension {dimension}"
+        )
 
 
 def to_index_space(x: np.ndarray, metric: str, field: str) -> tuple[np.ndarray, np.ndarray | None]:

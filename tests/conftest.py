@@ -18,7 +18,9 @@ def load_sift() -> np.ndarray:
     return np.ascontiguousarray(data[:, :128])
 
 
-def clustered(n: int, d: int, n_clusters: int = 100, seed: int = 0, spread: float = 0.15) -> np.ndarray:
+def clustered(
+    n: int, d: int, n_clusters: int = 100, seed: int = 0, spread: float = 0.15
+) -> np.ndarray:
     """Synthetic clustered vectors: Gaussian blobs around random centres."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(n_clusters, d)).astype(np.float32)

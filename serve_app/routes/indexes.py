@@ -21,7 +21,9 @@ from serve_app.models import (
     TrainRequest,
 )
 
-router = APIRouter(prefix="/indexes", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS)
+router = APIRouter(
+    prefix="/indexes", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+)
 
 
 @router.get("/list", response_model=ListIndexesResponse)
@@ -73,10 +75,14 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
 async def describe_index(body: IndexRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    num = await engine.count(cv)
-    cfg = cv.config  # after count: a newer training version refreshes the view
-    cfg = engine._views.get(body.index_name, cv).config
-    index_config = {"type": cfg.index_type, "dimension": cfg.dimension, "metric": cfg.metric, "n_lists": cfg.n_lists}
+    num, cv = await engine.count(cv)
+    cfg = cv.config
+    index_config = {
+        "type": cfg.index_type,
+        "dimension": cfg.dimension,
+        "metric": cfg.metric,
+        "n_lists": cfg.n_lists,
+    }
     if cfg.index_type == "ivfpq":
         index_config.update(pq_dim=cfg.pq_dim, pq_bits=cfg.pq_bits)
     return JSON(

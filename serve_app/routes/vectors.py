@@ -28,7 +28,9 @@ from serve_app.models import (
 )
 from serve_app.vectors import as_matrix, check_dimension, to_api_distance, to_index_space
 
-router = APIRouter(prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS)
+router = APIRouter(
+    prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+)
 
 
 def unique_ids(ids: list[str], field: str = "ids") -> None:
@@ -49,7 +51,9 @@ async def upsert(body: UpsertRequest, request: Request) -> JSON:
     unique_ids(ids, "items ids")
     missing = [it.id for it in items if it.vector is None]
     if missing:
-        raise InvalidRequest(f"item {missing[0]!r} has no vector and the index has no embedding model")
+        raise InvalidRequest(
+            f"item {missing[0]!r} has no vector and the index has no embedding model"
+        )
     x, _ = as_matrix([it.vector for it in items], "items vectors")
     if len(items) == 1 and x.shape[0] != 1:
         raise InvalidRequest("item vector must be a list of numbers")
@@ -77,9 +81,15 @@ async def upsert(body: UpsertRequest, request: Request) -> JSON:
 
     total = await engine.upsert_batches(cv, ids, batch)
     if total < 0:
-        total = await engine.count(cv)
+        total, _ = await engine.count(cv)
     engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
-    return JSON({"status": "success", "message": f"Upserted {len(items)} vectors", "upserted_count": len(items)})
+    return JSON(
+        {
+            "status": "success",
+            "message": f"Upserted {len(items)} vectors",
+            "upserted_count": len(items),
+        }
+    )
 
 
 @router.post("/query", response_model=QueryResponse)
@@ -102,12 +112,16 @@ async def query(body: QueryRequest, request: Request) -> JSON:
     check_dimension(x, cfg.dimension, "query_vectors")
     x, _ = to_index_space(x, cfg.metric, "query_vectors")
     nprobe = body.n_probes or cfg.auto_nprobe(top_k)
-    hits = await engine.search(cv, x, top_k, nprobe, body.filters, bool(body.greedy), "metadata" in include)
+    hits = await engine.search(
+        cv, x, top_k, nprobe, body.filters, bool(body.greedy), "metadata" in include
+    )
     results = shape_results(hits, cfg.metric, "distance" in include, "metadata" in include)
     return JSON({"results": results[0] if single else results})
 
 
-def shape_results(hits: Hits, metric: str, with_distance: bool, with_metadata: bool) -> list[list[dict[str, Any]]]:
+def shape_results(
+    hits: Hits, metric: str, with_distance: bool, with_metadata: bool
+) -> list[list[dict[str, Any]]]:
     distances = to_api_distance(hits.distances, metric).tolist()
     ids = hits.ids.tolist()
     meta = hits.metadata.tolist() if with_metadata and hits.metadata is not None else None
@@ -140,8 +154,12 @@ async def get(body: GetRequest, request: Request) -> JSON:
     else:
         include = set(body.include)
         if "vector" in include and cfg.index_type != "ivfflat":
-            raise InvalidRequest(f"{cfg.index_type} indexes do not keep original vectors; drop 'vector' from include")
-    found = await engine.fetch(cv, body.ids, "vector" in include, "metadata" in include, "contents" in include)
+            raise InvalidRequest(
+                f"{cfg.index_type} indexes do not keep original vectors; drop 'vector' from include"
+            )
+    found = await engine.fetch(
+        cv, body.ids, "vector" in include, "metadata" in include, "contents" in include
+    )
     return JSON({"results": [found[i] for i in body.ids if i in found]})
 
 
@@ -168,4 +186,5 @@ async def list_ids(body: IndexRequest, request: Request) -> JSON:
 async def num_vectors(body: IndexRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    return JSON({"result": await engine.count(cv)})
+    num, _ = await engine.count(cv)
+    return JSON({"result": num})

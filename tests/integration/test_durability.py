@@ -30,7 +30,18 @@ def start_server(storage: Path, ray_tmp: str, port: int) -> subprocess.Popen[str
     env = dict(os.environ, RAY_TMPDIR=ray_tmp, VAULTVEC_WAL_MAX_RECORDS="8")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", "serve", "--storage", f"file://{storage}", "--port", str(port), "--api-key", API_KEY],
+        [
+            sys.executable,
+            "-m",
+            "cluster.cli",
+            "serve",
+            "--storage",
+            f"file://{storage}",
+            "--port",
+            str(port),
+            "--api-key",
+            API_KEY,
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -70,23 +81,36 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{port}"
         headers = {"X-API-Key": API_KEY}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
-            assert c.post("/v1/indexes/create", json={"index_name": "d", "index_key": key}).status_code == 200
+            assert (
+                c.post("/v1/indexes/create", json={"index_name": "d", "index_key": key}).status_code
+                == 200
+            )
 
             def writer(start: int, stop: int) -> None:
                 with httpx.Client(base_url=url, headers=headers, timeout=60) as w:
                     for i in range(start, stop, 20):
                         items = [
-                            {"id": f"k{j}", "vector": vectors[j].tolist(), "metadata": {"j": j}, "contents": f"c{j}"}
+                            {
+                                "id": f"k{j}",
+                                "vector": vectors[j].tolist(),
+                                "metadata": {"j": j},
+                                "contents": f"c{j}",
+                            }
                             for j in range(i, min(i + 20, stop))
                         ]
                         try:
-                            r = w.post("/v1/vectors/upsert", json={"index_name": "d", "index_key": key, "items": items})
+                            r = w.post(
+                                "/v1/vectors/upsert",
+                                json={"index_name": "d", "index_key": key, "items": items},
+                            )
                         except httpx.HTTPError:
                             return  # the server died mid-request: not acknowledged
                         if r.status_code == 200:
                             acked.update(range(i, min(i + 20, stop)))
 
-            threads = [threading.Thread(target=writer, args=(s, s + 1000)) for s in range(0, 4000, 1000)]
+            threads = [
+                threading.Thread(target=writer, args=(s, s + 1000)) for s in range(0, 4000, 1000)
+            ]
             for t in threads:
                 t.start()
             while len(acked) < 1500:
@@ -108,7 +132,9 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(np.asarray(r["vector"], np.float32), vectors[j])
                 assert r["metadata"] == {"j": j} and r["contents"] == f"c{j}"
             # A wrong key after the restart unlocks nothing.
-            bad = c.post("/v1/vectors/num_vectors", json={"index_name": "d", "index_key": random_key()})
+            bad = c.post(
+                "/v1/vectors/num_vectors", json={"index_name": "d", "index_key": random_key()}
+            )
             assert bad.status_code == 401
     finally:
         if proc.poll() is None:

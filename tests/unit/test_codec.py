@@ -15,7 +15,11 @@ def test_strings_round_trip(items: list[str | None]) -> None:
 
 
 def test_frame_round_trip() -> None:
-    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([], dtype=np.int64), "c": np.array([True, False])}
+    arrays = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.array([], dtype=np.int64),
+        "c": np.array([True, False]),
+    }
     meta, out = codec.unpack(codec.pack({"x": 1, "y": [1, 2]}, arrays))
     assert meta == {"x": 1, "y": [1, 2]}
     for name, arr in arrays.items():

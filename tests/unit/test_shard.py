@@ -22,7 +22,10 @@ KEY = bytes(range(32))
 
 def batch(x: np.ndarray, start: int, meta: bool = True) -> UpsertBatch:
     ids = tuple(f"id{start + i}" for i in range(len(x)))
-    metadata = tuple(orjson.dumps({"n": start + i, "even": (start + i) % 2 == 0}) if meta else None for i in range(len(x)))
+    metadata = tuple(
+        orjson.dumps({"n": start + i, "even": (start + i) % 2 == 0}) if meta else None
+        for i in range(len(x))
+    )
     contents = tuple(f"text {start + i}" for i in range(len(x)))
     return UpsertBatch(ids, x, None, metadata, contents)
 
@@ -105,7 +108,9 @@ def test_filters_apply_before_top_k(tmp_path: Path) -> None:
     x = clustered(400, 8, seed=3)
     shard.upsert(KEY, batch(x, 0))
     req = one_list(x[:3])
-    req = SearchRequest(req.queries, 5, 0, req.list_nos, req.coarse_dis, parse_filter({"n": {"$gte": 390}}))
+    req = SearchRequest(
+        req.queries, 5, 0, req.list_nos, req.coarse_dis, parse_filter({"n": {"$gte": 390}})
+    )
     res, n_match = shard.search(KEY, req)
     assert n_match == 10
     assert all(int(i[2:]) >= 390 for i in res.ids.ravel())

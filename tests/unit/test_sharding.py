@@ -16,14 +16,18 @@ from tests.conftest import clustered
 KEY = bytes(range(32))
 
 
-def build_shards(tmp_path, x: np.ndarray, ids: list[str], n_shards: int, template: np.ndarray) -> list[Shard]:
+def build_shards(
+    tmp_path, x: np.ndarray, ids: list[str], n_shards: int, template: np.ndarray
+) -> list[Shard]:
     shards = [Shard(f"file://{tmp_path}", "eq", "idx0", s) for s in range(n_shards)]
     assign = shard_assignment(ids, n_shards)
     for s, shard in enumerate(shards):
         rows = np.flatnonzero(assign == s)
         shard.upsert(
             KEY,
-            UpsertBatch(tuple(ids[i] for i in rows), x[rows], None, (None,) * len(rows), (None,) * len(rows)),
+            UpsertBatch(
+                tuple(ids[i] for i in rows), x[rows], None, (None,) * len(rows), (None,) * len(rows)
+            ),
         )
         shard.rebuild(KEY, 1, template)
     return shards
@@ -48,7 +52,9 @@ def test_sharded_equals_unsharded(tmp_path, index_type: str, n_shards: int) -> N
 
     req = SearchRequest(queries, k, 1, lists, coarse)
     hits = merge([s.search(KEY, req)[0] for s in shards], k, with_metadata=False)
-    expected_ids = np.array([[ids[j] if j >= 0 else None for j in row] for row in ref_i], dtype=object)
+    expected_ids = np.array(
+        [[ids[j] if j >= 0 else None for j in row] for row in ref_i], dtype=object
+    )
     assert (hits.ids == expected_ids).all()
     np.testing.assert_array_equal(hits.distances, ref_d)
 

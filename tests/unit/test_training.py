@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from actors.errors import InvalidRequest
-from actors.training import TrainParams, auto_n_lists, calibrate_nprobe, kmeans, sample_size, train_template
+from actors.training import (
+    TrainParams,
+    auto_n_lists,
+    calibrate_nprobe,
+    kmeans,
+    sample_size,
+    train_template,
+)
 from actors.types import IndexConfig
 from tests.conftest import clustered
 
@@ -60,7 +67,17 @@ def test_calibrated_nprobe_reaches_target_on_fresh_queries(index_type: str) -> N
 
 
 def test_auto_nprobe_scales_with_top_k() -> None:
-    cfg = IndexConfig("n", "i", "ivfflat", "euclidean", 2, 8, version=1, n_lists=1000, nprobe_table=((1, 4), (10, 8), (100, 20)))
+    cfg = IndexConfig(
+        "n",
+        "i",
+        "ivfflat",
+        "euclidean",
+        2,
+        8,
+        version=1,
+        n_lists=1000,
+        nprobe_table=((1, 4), (10, 8), (100, 20)),
+    )
     assert cfg.auto_nprobe(1) == 4
     assert cfg.auto_nprobe(10) == 8
     assert cfg.auto_nprobe(50) == 20
