@@ -27,16 +27,17 @@ def _serve(args: argparse.Namespace) -> int:
         if v is not None
     }
     settings, generated = runtime.ensure_api_key(Settings(**overrides))
+    url = runtime.start(settings)
+    # After start: ray.init installs its own SIGTERM handler, which would exit mid-flight.
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    url = runtime.start(settings)
     if generated:
         print(f"generated API key (kept in the data directory, mode 0600): {generated}", flush=True)
     print(f"vaultvec serving at {url} (storage {settings.storage})", flush=True)
     stop.wait()
     print("vaultvec shutting down", flush=True)
-    runtime.stop()
+    runtime.stop(runtime.joins_cluster(settings))
     return 0
 
 

@@ -48,6 +48,10 @@ def ensure_api_key(settings: Settings) -> tuple[Settings, str | None]:
     return settings.model_copy(update={"api_key": [key]}), created
 
 
+def joins_cluster(settings: Settings) -> bool:
+    return bool(settings.ray_address or os.environ.get("RAY_ADDRESS"))
+
+
 def start(settings: Settings) -> str:
     """Start (or join) Ray, start Serve on host:port, deploy the app; returns the base URL."""
     from serve_app.app import build_app
@@ -78,9 +82,11 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def stop() -> None:
+def stop(joined: bool = False) -> None:
+    """Take the app down. A local Ray started by ``start`` goes down whole (Serve, shards and
+    all: the data is durable in the store); on a joined cluster only the app is deleted."""
     try:
-        serve.delete(APP_NAME)
-        serve.shutdown()
+        if joined:
+            serve.delete(APP_NAME)
     finally:
         ray.shutdown()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+
+from tests.integration.support import Index, create_index
 
 API_KEY = "test-api-key"
 AUTO_TRAIN_THRESHOLD = 2_000
@@ -44,10 +47,35 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     )
     url = runtime.start(settings)
     yield Service(url, storage)
-    runtime.stop()
+    runtime.stop(joined=False)
 
 
 @pytest.fixture()
 def client(service: Service) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=service.url, headers={"X-API-Key": API_KEY}, timeout=300) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def http(service: Service) -> Iterator[httpx.Client]:
+    """One authenticated client shared by module-scoped fixtures."""
+    with httpx.Client(base_url=service.url, headers={"X-API-Key": API_KEY}, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture()
+def make_index(http: httpx.Client) -> Iterator[Callable[..., Index]]:
+    """Factory of fresh indexes (unique name, random key); every one is deleted afterwards.
+
+    Each index holds shard actors that reserve CPU, so tests keep only a few alive at a time.
+    """
+    made: list[Index] = []
+
+    def make(**kwargs: Any) -> Index:
+        idx = create_index(http, **kwargs)
+        made.append(idx)
+        return idx
+
+    yield make
+    for idx in made:
+        idx.drop()

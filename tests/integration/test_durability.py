@@ -1,7 +1,9 @@
 """Kill the whole real server with SIGKILL under write load; every acknowledged item survives.
 
 Runs `vaultvec serve` as a separate process tree (its own Ray, its own RAY_TMPDIR) so the kill
-takes out the gateway, the shards, the control plane and Ray itself, as a power cut would.
+takes out the gateway, the shards, the control plane and Ray itself, as a power cut would. The
+same test covers the generated API key (printed once, kept with mode 0600, reused on restart)
+and a clean exit on SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import pytest
 from tests.conftest import random_key
 from tests.integration.conftest import free_port
 
-API_KEY = "durability-key"
 pytestmark = pytest.mark.slow
 
 
-def start_server(storage: Path, ray_tmp: str, port: int) -> subprocess.Popen[str]:
+def start_server(storage: Path, ray_tmp: str, port: int) -> tuple[subprocess.Popen[str], list[str]]:
     env = dict(os.environ, RAY_TMPDIR=ray_tmp, VAULTVEC_WAL_MAX_RECORDS="8")
     env.pop("RAY_ADDRESS", None)
+    env.pop("VAULTVEC_API_KEY", None)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -39,8 +41,6 @@ def start_server(storage: Path, ray_tmp: str, port: int) -> subprocess.Popen[str
             f"file://{storage}",
             "--port",
             str(port),
-            "--api-key",
-            API_KEY,
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -50,10 +50,17 @@ def start_server(storage: Path, ray_tmp: str, port: int) -> subprocess.Popen[str
     )
     deadline = time.monotonic() + 180
     assert proc.stdout is not None
+    lines: list[str] = []
     for line in proc.stdout:
+        lines.append(line)
         if "vaultvec serving at" in line:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-            return proc
+            stdout = proc.stdout
+
+            def drain() -> None:  # keep the pipe drained, remember what was said
+                lines.extend(stdout)
+
+            threading.Thread(target=drain, daemon=True).start()
+            return proc, lines
         if time.monotonic() > deadline:
             break
     proc.kill()
@@ -76,10 +83,14 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(4000, 16)).astype(np.float32)
     acked: set[int] = set()
-    proc = start_server(storage, ray_tmp, port)
+    proc, lines = start_server(storage, ray_tmp, port)
     try:
+        key_file = storage / "api-key"
+        api_key = key_file.read_text().strip()
+        assert (key_file.stat().st_mode & 0o777) == 0o600
+        assert any(api_key in line for line in lines), "the generated key is printed once"
         url = f"http://127.0.0.1:{port}"
-        headers = {"X-API-Key": API_KEY}
+        headers = {"X-API-Key": api_key}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
             assert (
                 c.post("/v1/indexes/create", json={"index_name": "d", "index_key": key}).status_code
@@ -120,7 +131,8 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
                 t.join(timeout=60)
         assert len(acked) >= 1500
 
-        proc = start_server(storage, ray_tmp, port)
+        proc, lines = start_server(storage, ray_tmp, port)
+        assert not any(api_key in line for line in lines), "a kept key is not printed again"
         with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
             ids = [f"k{j}" for j in sorted(acked)]
             got = c.post("/v1/vectors/get", json={"index_name": "d", "index_key": key, "ids": ids})
@@ -136,6 +148,9 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
                 "/v1/vectors/num_vectors", json={"index_name": "d", "index_key": random_key()}
             )
             assert bad.status_code == 401
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+        assert any("shutting down" in line for line in lines)
     finally:
         if proc.poll() is None:
             kill_tree(proc, ray_tmp)

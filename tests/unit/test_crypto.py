@@ -5,22 +5,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-# tests/unit has no __init__.py, so pytest only puts tests/unit on sys.path; make the repository
-# root importable too (drop this once pyproject sets `pythonpath = ["."]` for pytest).
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from actors import crypto  # noqa: E402
-from actors.crypto import (  # noqa: E402
+from actors import crypto
+from actors.crypto import (
     KEY_BYTES,
     SALT_BYTES,
     IndexKeys,
@@ -32,7 +24,7 @@ from actors.crypto import (  # noqa: E402
     seal,
     verify,
 )
-from actors.errors import DecryptError, InvalidRequest  # noqa: E402
+from actors.errors import DecryptError, InvalidRequest
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# tests/unit has no __init__.py, so pytest only puts tests/unit on sys.path; make the repository
-# root importable too (drop this once pyproject sets `pythonpath = ["."]` for pytest).
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from actors.store import LocalStore, Store, StoreError, key_join, open_store  # noqa: E402
-from actors.store.local import _frame, parse_log  # noqa: E402
+from actors.store import LocalStore, Store, StoreError, key_join, open_store
+from actors.store.local import _frame, parse_log
 
 BACKENDS = ["local"]
 

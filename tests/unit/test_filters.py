@@ -1,0 +1,449 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.errors import InvalidRequest
+from actors.filters import And, Cmp, Exists, MetadataColumns, Or, parse_filter
+from tests.unit.filter_oracle import matches
+
+
+def store(*docs: dict[str, Any] | None) -> MetadataColumns:
+    cols = MetadataColumns()
+    cols.append(np.arange(len(docs), dtype=np.int64), list(docs))
+    return cols
+
+
+def rows(cols: MetadataColumns, flt: Any, n: int | None = None) -> list[int]:
+    n = len(cols) if n is None else n
+    mask = cols.evaluate(parse_filter(flt), n)
+    assert mask.dtype == np.bool_ and mask.shape == (n,)
+    return np.flatnonzero(mask).tolist()
+
+
+# ------------------------------------------------------------------ parser
+
+
+def test_parse_empty_and_none() -> None:
+    assert parse_filter(None) is None
+    assert parse_filter({}) is None
+
+
+def test_parse_tree_shapes() -> None:
+    assert parse_filter({"a": 1}) == Cmp("a", "eq", 1)
+    assert parse_filter({"a": {"$gt": 1, "$lt": 5}}) == And((Cmp("a", "gt", 1), Cmp("a", "lt", 5)))
+    assert parse_filter({"a": 1, "b": {"$exists": False}}) == And(
+        (Cmp("a", "eq", 1), Exists("b", False))
+    )
+    assert parse_filter({"$or": [{"a": None}, {"b.c": {"$in": ["x", 2]}}]}) == Or(
+        (Cmp("a", "eq", None), Cmp("b.c", "in", ("x", 2)))
+    )
+    assert parse_filter({"$and": [{"a": {"$nin": []}}]}) == And((Cmp("a", "nin", ()),))
+    node = parse_filter({"a": {"$in": [1, "x", True, None]}})
+    assert isinstance(node, Cmp) and isinstance(node.value, tuple)
+
+
+@pytest.mark.parametrize(
+    ("flt", "fragment"),
+    [
+        ([1, 2], "must be an object"),
+        ("a", "must be an object"),
+        ({"$not": {"a": 1}}, "unknown operator '$not'"),
+        ({"$and": []}, "$and needs a non-empty list"),
+        ({"$or": {"a": 1}}, "$or needs a non-empty list"),
+        ({"$or": [1]}, "$or[0] must be a filter object"),
+        ({"a": {"$gt": 1, "b": 2}}, "mixes operators and field names"),
+        ({"a": {"b": 2}}, "object without operators"),
+        ({"a": {}}, "object without operators"),
+        ({"a": [1, 2]}, "use $in"),
+        ({"a": {"$eq": [1]}}, "use $in"),
+        ({"a": {"$ne": {"x": 1}}}, "object without operators"),
+        ({"a": {"$foo": 1}}, "unknown operator '$foo' on 'a'"),
+        ({"price": {"$gt": True}}, "$gt on 'price' needs a number or string, got bool"),
+        ({"price": {"$lte": None}}, "$lte on 'price' needs a number or string, got null"),
+        ({"price": {"$lt": [1]}}, "$lt on 'price' needs a number or string, got list"),
+        ({"a": {"$in": 1}}, "$in on 'a' needs a list"),
+        ({"a": {"$nin": "ab"}}, "$nin on 'a' needs a list"),
+        ({"a": {"$in": [[1]]}}, "$in on 'a' element"),
+        ({"a": {"$in": [{"x": 1}]}}, "$in on 'a' element"),
+        ({"a": {"$exists": 1}}, "$exists on 'a' needs a bool"),
+        ({"a": math.nan}, "finite"),
+        ({"a": {"$gt": math.inf}}, "finite"),
+        ({"a": {"$in": [1, -math.inf]}}, "finite"),
+        ({"a": 10**400}, "finite"),
+        ({"": 1}, "empty field name"),
+        ({"a..b": 1}, "empty field name or path segment in 'a..b'"),
+        ({"a.": 1}, "path segment"),
+        ({"a": b"x"}, "got bytes"),
+        ({1: 2}, "field names must be strings"),
+        ({"$and": [{"a": {"$gt": None}}]}, "$gt on 'a'"),
+    ],
+)
+def test_parse_rejects(flt: Any, fragment: str) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        parse_filter(flt)
+    assert fragment in exc.value.detail
+    assert exc.value.detail.startswith("filter")
+
+
+def test_parse_rejects_deep_nesting() -> None:
+    flt: dict[str, Any] = {"a": 1}
+    for _ in range(40):
+        flt = {"$and": [flt]}
+    with pytest.raises(InvalidRequest, match="nested deeper"):
+        parse_filter(flt)
+
+
+# ------------------------------------------------------------------ operators
+
+DOCS: list[dict[str, Any] | None] = [
+    {"price": 10, "name": "apple", "tags": ["red", "fruit"], "ok": True},  # 0
+    {"price": 2.5, "name": "Banana", "tags": ["yellow"], "ok": False},  # 1
+    {"price": "10", "name": "cherry", "tags": [], "ok": None},  # 2
+    {"price": None, "name": ["apple", "pie"], "nested": {"x": 1, "y": {"z": "deep"}}},  # 3
+    None,  # 4
+    {"price": [1, 20, None], "ok": [True, 1]},  # 5
+    {"price": 10.0, "nested": {"x": [3, 4]}},  # 6
+]
+
+
+@pytest.fixture
+def cols() -> MetadataColumns:
+    return store(*DOCS)
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"price": 10}, [0, 6]),
+        ({"price": {"$eq": 10.0}}, [0, 6]),
+        ({"price": "10"}, [2]),
+        ({"price": 20}, [5]),
+        ({"price": None}, [3, 4, 5]),
+        ({"price": {"$ne": 10}}, [1, 2, 3, 4, 5]),
+        ({"price": {"$ne": None}}, [0, 1, 2, 6]),
+        ({"price": {"$gt": 5}}, [0, 5, 6]),
+        ({"price": {"$gte": 10}}, [0, 5, 6]),
+        ({"price": {"$lt": 2.5}}, [5]),
+        ({"price": {"$lte": 2.5}}, [1, 5]),
+        ({"price": {"$gt": 2.5, "$lt": 20}}, [0, 5, 6]),  # ops match independently
+        ({"price": {"$gte": "1"}}, [2]),
+        ({"price": {"$in": [2.5, "10"]}}, [1, 2]),
+        ({"price": {"$in": []}}, []),
+        ({"price": {"$nin": []}}, [0, 1, 2, 3, 4, 5, 6]),
+        ({"price": {"$nin": [10, None]}}, [1, 2]),
+        ({"price": {"$in": [None]}}, [3, 4, 5]),
+        ({"name": "apple"}, [0, 3]),
+        ({"name": {"$gt": "b"}}, [2, 3]),
+        ({"name": {"$gte": "Banana"}}, [0, 1, 2, 3]),
+        ({"name": {"$lt": "apple"}}, [1]),
+        ({"name": {"$lte": "apple"}}, [0, 1, 3]),
+        ({"name": {"$gt": "apple", "$lt": "pie"}}, [2, 3]),
+        ({"name": {"$lte": "pie"}}, [0, 1, 2, 3]),
+        ({"name": {"$gt": "zzz"}}, []),
+        ({"name": {"$in": ["pie", "nope"]}}, [3]),
+        ({"name": {"$nin": ["pie", "nope"]}}, [0, 1, 2, 4, 5, 6]),
+        ({"name": {"$ne": "apple"}}, [1, 2, 4, 5, 6]),
+        ({"tags": "red"}, [0]),
+        ({"tags": {"$in": ["yellow", "fruit"]}}, [0, 1]),
+        ({"tags": None}, [3, 4, 5, 6]),
+        ({"ok": True}, [0, 5]),
+        ({"ok": False}, [1]),
+        ({"ok": 1}, [5]),
+        ({"ok": {"$in": [True, False]}}, [0, 1, 5]),
+        ({"ok": {"$ne": True}}, [1, 2, 3, 4, 6]),
+        ({"missing": None}, [0, 1, 2, 3, 4, 5, 6]),
+        ({"missing": 1}, []),
+        ({"missing": {"$ne": 1}}, [0, 1, 2, 3, 4, 5, 6]),
+        ({"missing": {"$gt": 0}}, []),
+    ],
+)
+def test_operators(cols: MetadataColumns, flt: dict[str, Any], expected: list[int]) -> None:
+    assert rows(cols, flt) == expected
+    assert rows(cols, flt) == [i for i, d in enumerate(DOCS) if matches(d, flt)]
+
+
+def test_bool_is_not_a_number() -> None:
+    c = store({"v": True}, {"v": 1}, {"v": 0}, {"v": False}, {"v": 1.0})
+    assert rows(c, {"v": 1}) == [1, 4]
+    assert rows(c, {"v": True}) == [0]
+    assert rows(c, {"v": {"$in": [0]}}) == [2]
+    assert rows(c, {"v": {"$gte": 0}}) == [1, 2, 4]
+    assert rows(c, {"v": {"$in": [False]}}) == [3]
+
+
+def test_no_cross_type_ordering() -> None:
+    c = store({"x": "9"}, {"x": 9}, {"x": True}, {"x": None}, {"x": ["a", 3]})
+    assert rows(c, {"x": {"$gt": 5}}) == [1]
+    assert rows(c, {"x": {"$lt": 5}}) == [4]
+    assert rows(c, {"x": {"$gt": ""}}) == [0, 4]
+
+
+def test_string_order_is_code_point() -> None:
+    c = store({"s": "Z"}, {"s": "a"}, {"s": "é"}, {"s": "ab"}, {"s": ""})
+    assert rows(c, {"s": {"$gt": "a"}}) == [2, 3]
+    assert rows(c, {"s": {"$lt": "a"}}) == [0, 4]
+    assert rows(c, {"s": {"$gte": ""}}) == [0, 1, 2, 3, 4]
+
+
+def test_dot_paths_and_lists_of_objects() -> None:
+    c = store(
+        {"a": {"b": 1}},
+        {"a": [{"b": 1}, {"b": 2}]},
+        {"a": [{"c": 1}]},
+        {"a": {"b": [5, [1]]}},
+        {"a": [[{"b": 1}]]},
+        {"a": 1},
+        {"a.b": 1},  # a dotted key is reached by the dotted path (documented)
+        {"a": {"b": {"c": {"d": "x"}}}},
+    )
+    assert rows(c, {"a.b": 1}) == [0, 1, 6]
+    assert rows(c, {"a.b": 2}) == [1]
+    assert rows(c, {"a.b": {"$gt": 1}}) == [1, 3]
+    assert rows(c, {"a.b": {"$exists": True}}) == [0, 1, 3, 6, 7]
+    assert rows(c, {"a.b": None}) == [2, 4, 5]
+    assert rows(c, {"a.b.c.d": "x"}) == [7]
+    assert rows(c, {"a.b.c": {"$exists": True}}) == [7]
+    assert rows(c, {"a": {"$exists": True}}) == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_nested_lists_are_not_flattened() -> None:
+    c = store({"v": [[1, 2], 3]}, {"v": [[None]]}, {"v": [["x"]]})
+    assert rows(c, {"v": 1}) == []
+    assert rows(c, {"v": 3}) == [0]
+    assert rows(c, {"v": None}) == []
+    assert rows(c, {"v": {"$exists": True}}) == [0, 1, 2]
+
+
+def test_exists_null_and_empty() -> None:
+    c = store({"v": None}, {"v": []}, {"v": {}}, {}, None, {"w": 1}, {"v": 0})
+    assert rows(c, {"v": {"$exists": True}}) == [0, 1, 2, 6]
+    assert rows(c, {"v": {"$exists": False}}) == [3, 4, 5]
+    assert rows(c, {"v": None}) == [0, 3, 4, 5]
+    assert rows(c, {"v": {"$ne": None}}) == [1, 2, 6]
+
+
+def test_nan_in_metadata_is_ignored_for_comparisons() -> None:
+    c = store({"v": math.nan}, {"v": [math.nan, 2]}, {"v": 1})
+    assert rows(c, {"v": {"$gte": 0}}) == [1, 2]
+    assert rows(c, {"v": {"$lt": 100}}) == [1, 2]
+    assert rows(c, {"v": {"$ne": 1}}) == [0, 1]
+    assert rows(c, {"v": {"$exists": True}}) == [0, 1, 2]
+    assert rows(c, {"v": None}) == []
+
+
+def test_huge_ints_and_unusual_value_types() -> None:
+    c = store(
+        {"v": 10**400},
+        {"v": np.int64(3)},
+        {"v": np.float32(1.5)},
+        {"v": np.bool_(True)},
+        {"v": ("t", 4)},
+        {"v": object()},
+    )
+    assert rows(c, {"v": {"$exists": True}}) == [0, 1, 2, 3, 4, 5]
+    assert rows(c, {"v": {"$gt": 0}}) == [1, 2, 4]
+    assert rows(c, {"v": True}) == [3]
+    assert rows(c, {"v": "t"}) == [4]
+
+
+def test_and_or_combinations(cols: MetadataColumns) -> None:
+    flt = {"$or": [{"price": {"$lt": 3}}, {"name": "cherry"}], "ok": {"$ne": True}}
+    assert rows(cols, flt) == [1, 2]
+    assert rows(cols, {"$and": [{"price": 10}, {"ok": True}]}) == [0]
+    assert rows(cols, {"$and": [{}], "price": 10}) == [0, 6]
+    assert rows(cols, {"$or": [{"price": 10}, {"$and": [{"ok": False}, {"tags": "yellow"}]}]}) == [
+        0,
+        1,
+        6,
+    ]
+
+
+def test_hand_built_trees() -> None:
+    c = store({"a": 1}, {"a": 2})
+    assert c.evaluate(And(()), 3).tolist() == [True, True, True]
+    assert c.evaluate(Or(()), 3).tolist() == [False, False, False]
+    assert c.evaluate(None, 3).tolist() == [True, True, True]
+    assert c.evaluate(Cmp("a", "in", (2, 7)), 2).tolist() == [False, True]
+    with pytest.raises(InvalidRequest):
+        c.evaluate(Cmp("a", "like", 1), 2)
+
+
+# ------------------------------------------------------------------ storage
+
+
+def test_label_gaps_and_n_rows() -> None:
+    c = MetadataColumns()
+    c.append(np.array([5, 2, 9], dtype=np.int64), [{"a": 1}, {"a": 2}, None])
+    assert len(c) == 3
+    assert rows(c, {"a": 1}, 12) == [5]
+    assert rows(c, {"a": {"$ne": 1}}, 12) == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert rows(c, {"a": {"$exists": False}}, 12) == [0, 1, 3, 4, 6, 7, 8, 9, 10, 11]
+    # labels >= n_rows are ignored
+    assert rows(c, {"a": {"$exists": True}}, 4) == [2]
+    assert rows(c, {"a": 1}, 5) == []
+    assert c.evaluate(parse_filter({"a": None}), 0).shape == (0,)
+    assert rows(MetadataColumns(), {"a": None}, 3) == [0, 1, 2]
+    assert rows(MetadataColumns(), {"a": 1}, 3) == []
+
+
+def test_multiple_appends_and_cache_invalidation() -> None:
+    c = MetadataColumns()
+    c.append(np.array([0, 1]), [{"a": 1, "s": "x"}, {"a": "y", "b": True}])
+    assert rows(c, {"a": 1}, 2) == [0]
+    assert rows(c, {"s": {"$gt": "a"}}, 2) == [0]
+    c.append(np.array([2]), [{"a": 1.0, "s": "b"}])
+    assert rows(c, {"a": 1}, 3) == [0, 2]
+    assert rows(c, {"s": {"$gt": "a"}}, 3) == [0, 2]
+    assert rows(c, {"s": {"$lt": "c"}}, 3) == [2]
+    c.append(np.array([4, 3]), [{"a": [1, "y"], "s": "a"}, {"b": False, "s": ["x", "c"]}])
+    c.append(np.array([], dtype=np.int64), [])
+    assert len(c) == 5
+    assert rows(c, {"a": 1}, 5) == [0, 2, 4]
+    assert rows(c, {"a": "y"}, 5) == [1, 4]
+    assert rows(c, {"b": {"$in": [True, False]}}, 5) == [1, 3]
+    assert rows(c, {"s": {"$gte": "b"}}, 5) == [0, 2, 3]
+    assert rows(c, {"s": {"$lt": "b"}}, 5) == [4]
+    assert rows(c, {"s": "x"}, 5) == [0, 3]
+    # evaluating again uses the cached concatenation and gives the same answer
+    assert rows(c, {"s": "x"}, 5) == [0, 3]
+
+
+def test_append_validation_is_atomic() -> None:
+    c = MetadataColumns()
+    with pytest.raises(InvalidRequest, match="metadata must be an object, got list"):
+        c.append(np.array([0, 1]), [{"a": 1}, [1, 2]])  # type: ignore[list-item]
+    assert len(c) == 0
+    assert rows(c, {"a": 1}, 2) == []
+    with pytest.raises(ValueError):
+        c.append(np.array([0]), [{}, {}])
+    with pytest.raises(ValueError):
+        c.append(np.array([-1]), [{}])
+
+
+# ------------------------------------------------------------------ property test
+
+KEYS = ["a", "b", "c"]
+# top-level paths are listed twice so that they are drawn more often
+PATHS = ["a", "a", "b", "b", "c", "a.a", "a.b", "b.c", "c.a", "d"]
+STRINGS = ["", "a", "b", "ab", "B", "é"]
+SCALARS = st.one_of(
+    st.integers(-2, 2),
+    st.sampled_from([0.0, 0.5, 1.0, -1.5, 2.0]),
+    st.sampled_from(STRINGS),
+    st.booleans(),
+    st.none(),
+)
+META_SCALARS = st.one_of(SCALARS, st.sampled_from([math.nan, math.inf, -math.inf]))
+
+
+def _pick(*weighted: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """Weighted choice between strategies (st.one_of tends to favour the first branch)."""
+    table = [s for w, s in weighted for _ in range(w)]
+    return st.integers(0, len(table) - 1).flatmap(lambda i: table[i])
+
+
+LIST = st.lists(_pick((5, META_SCALARS), (1, st.lists(SCALARS, max_size=2))), max_size=3)
+FLAT = _pick((3, META_SCALARS), (2, LIST))
+INNER = st.dictionaries(st.sampled_from(KEYS), FLAT, max_size=3)
+VALUES = _pick(
+    (4, META_SCALARS),
+    (3, LIST),
+    (2, INNER),
+    (1, st.lists(_pick((2, INNER), (1, META_SCALARS)), max_size=3)),
+)
+DOC = _pick(
+    (1, st.none()),
+    (1, st.just({})),
+    (8, st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=3)),
+)
+
+ORDERABLE = st.one_of(
+    st.integers(-2, 2),
+    st.sampled_from([0.5, 1.0, -1.5, 2.5]),
+    st.sampled_from(STRINGS),
+)
+OP_OPERAND = _pick(
+    (2, st.tuples(st.sampled_from(["$eq", "$ne"]), SCALARS)),
+    (4, st.tuples(st.sampled_from(["$gt", "$gte", "$lt", "$lte"]), ORDERABLE)),
+    (2, st.tuples(st.sampled_from(["$in", "$nin"]), st.lists(SCALARS, max_size=3))),
+    (1, st.tuples(st.just("$exists"), st.booleans())),
+)
+FIELD_COND = _pick((1, SCALARS), (3, st.lists(OP_OPERAND, min_size=1, max_size=2).map(dict)))
+LEAF = st.dictionaries(st.sampled_from(PATHS), FIELD_COND, min_size=1, max_size=2)
+
+
+def _combine(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    lists = st.lists(children, min_size=1, max_size=3)
+    return st.one_of(
+        lists.map(lambda xs: {"$and": xs}),
+        lists.map(lambda xs: {"$or": xs}),
+        st.tuples(children, LEAF).map(lambda t: {**t[1], **t[0]}),
+    )
+
+
+# depth <= 3: at most two levels of $and/$or/implicit-AND above the field conditions
+FILTER = st.recursive(LEAF, _combine, max_leaves=6).filter(lambda f: _depth(f) <= 3)
+
+
+def _depth(flt: dict[str, Any]) -> int:
+    subs = [c for k, v in flt.items() if k in ("$and", "$or") for c in v]
+    return 1 + max((_depth(c) for c in subs), default=0)
+
+
+def _atoms(flt: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every single-operator condition inside a filter, as a filter of its own."""
+    out: list[dict[str, Any]] = []
+    for key, val in flt.items():
+        if key in ("$and", "$or"):
+            for child in val:
+                out.extend(_atoms(child))
+        elif isinstance(val, dict):
+            out.extend({key: {op: operand}} for op, operand in val.items())
+        else:
+            out.append({key: val})
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    docs=st.lists(DOC, min_size=1, max_size=25),
+    filters=st.lists(FILTER, min_size=1, max_size=4),
+    gaps=st.lists(st.integers(0, 2), max_size=25),
+    n_split=st.integers(1, 3),
+    extra=st.integers(-2, 3),
+)
+def test_vectorised_matches_reference(
+    docs: list[dict[str, Any] | None],
+    filters: list[dict[str, Any]],
+    gaps: list[int],
+    n_split: int,
+    extra: int,
+) -> None:
+    labels, nxt = [], 0
+    for i in range(len(docs)):
+        nxt += gaps[i] if i < len(gaps) else 0
+        labels.append(nxt)
+        nxt += 1
+    by_label = dict(zip(labels, docs))
+    # appends in several batches, in label order or reversed
+    order = list(range(len(docs)))[::-1] if n_split == 2 else list(range(len(docs)))
+    cols = MetadataColumns()
+    step = max(1, math.ceil(len(order) / n_split))
+    for start in range(0, len(order), step):
+        part = order[start : start + step]
+        cols.append(np.array([labels[i] for i in part], dtype=np.int64), [docs[i] for i in part])
+        # evaluating between appends exercises cache invalidation
+        cols.evaluate(parse_filter(filters[0]), nxt)
+    assert len(cols) == len(docs)
+    n_rows = max(0, nxt + extra)
+    # the whole trees, and each operator on its own (so AND/OR cannot hide a wrong leaf)
+    for flt in filters + [a for f in filters for a in _atoms(f)]:
+        got = cols.evaluate(parse_filter(flt), n_rows)
+        want = [matches(by_label.get(r), flt) for r in range(n_rows)]
+        assert got.tolist() == want, flt
