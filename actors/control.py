@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import secrets
 import threading
 import time
@@ -15,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import faiss
 import numpy as np
 import ray
 
@@ -42,6 +44,7 @@ class EngineOptions:
     recall_target: float = 0.95
     idle_ttl_s: float = 0.0
     train_wait_s: float = 600.0
+    train_threads: int = 0  # 0 = all cores of the node
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,8 @@ class ControlPlane:
 
     def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
         started = time.monotonic()
+        # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.
+        faiss.omp_set_num_threads(self.options.train_threads or os.cpu_count() or 1)
         meta = self.lookup(name)
         cfg = self.config(name, key)
         shards = self._shards(meta, cfg)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import faiss
@@ -24,6 +25,7 @@ from actors.crypto import aad, open_sealed, seal
 from actors.errors import InvalidRequest
 from actors.items import ItemTable
 from actors.partition import PartitionIndex, serialize
+from actors.rwlock import RWLock
 from actors.store import Store, open_store
 from actors.types import Fetched, SearchRequest, SearchResult, ShardStats, UpsertBatch
 
@@ -49,7 +51,7 @@ class Shard:
         self.wal_max_bytes = wal_max_bytes
         self.idle_ttl_s = idle_ttl_s
         faiss.omp_set_num_threads(max(1, threads))
-        self._lock = threading.RLock()
+        self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False
         self._last_used = time.monotonic()
@@ -111,10 +113,23 @@ class Shard:
             self.partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
             self.partition.radii = arrays["radii"].copy()
 
+    @contextmanager
+    def _reading(self, key: bytes) -> Iterator[None]:
+        """Shared access for reads, loading the shard first if it is locked."""
+        while True:
+            if not self._loaded:
+                with self._lock.write():
+                    self._ensure_loaded(key)
+            with self._lock.read():
+                if self._loaded:  # not evicted in between
+                    self._last_used = time.monotonic()
+                    yield
+                    return
+
     def _evict_idle(self) -> None:
         while True:
             time.sleep(max(1.0, self.idle_ttl_s / 4))
-            with self._lock:
+            with self._lock.write():
                 if (
                     self._loaded
                     and self._pending is None
@@ -134,7 +149,7 @@ class Shard:
         self._wal_bytes += len(record)
 
     def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
-        with self._lock:
+        with self._lock.write():
             self._ensure_loaded(key)
             if self.partition is not None and batch.vectors.shape[1] != self.partition.dimension:
                 raise InvalidRequest(
@@ -149,7 +164,7 @@ class Shard:
         return self.stats(key)
 
     def delete(self, key: bytes, ids: list[str]) -> int:
-        with self._lock:
+        with self._lock.write():
             self._ensure_loaded(key)
             present = [i for i in ids if i in self.items.id_to_label]
             if present:
@@ -192,7 +207,7 @@ class Shard:
         if not self._snapshot_lock.acquire(blocking=False):
             return
         try:
-            with self._lock:
+            with self._lock.write():
                 self._ensure_loaded(key)
                 if self._pending is not None:
                     return  # a rebuild is in flight; it snapshots when it swaps
@@ -230,8 +245,7 @@ class Shard:
     # -- reads ------------------------------------------------------------------------------
     def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
         """Local top-k for a batch of queries, plus how many live items match the filter."""
-        with self._lock:
-            self._ensure_loaded(key)
+        with self._reading(key):
             nq, k = len(req.queries), req.k
             part = self.partition
             if part is None or part.ntotal == 0:
@@ -259,8 +273,7 @@ class Shard:
     def get(
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:
-        with self._lock:
-            self._ensure_loaded(key)
+        with self._reading(key):
             found = [i for i in ids if i in self.items.id_to_label]
             labels = self.items.labels_for(found)
             vecs = None
@@ -276,13 +289,11 @@ class Shard:
             )
 
     def list_ids(self, key: bytes) -> list[str]:
-        with self._lock:
-            self._ensure_loaded(key)
+        with self._reading(key):
             return list(self.items.id_to_label)
 
     def stats(self, key: bytes) -> ShardStats:
-        with self._lock:
-            self._ensure_loaded(key)
+        with self._reading(key):
             part = self.partition
             return ShardStats(
                 count=len(self.items),
@@ -295,8 +306,7 @@ class Shard:
 
     def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
         """Up to ``n`` live vectors in index space, for training."""
-        with self._lock:
-            self._ensure_loaded(key)
+        with self._reading(key):
             labels = self.items.live_labels()
             if self.partition is None or len(labels) == 0:
                 return np.zeros((0, 0), dtype=np.float32)
@@ -310,7 +320,7 @@ class Shard:
     ) -> ShardStats:
         """Re-insert every item into a fresh index from ``template`` and swap it in atomically."""
         with self._snapshot_lock:
-            with self._lock:
+            with self._lock.write():
                 self._ensure_loaded(key)
                 if self.partition is None:
                     self.version = version
@@ -322,7 +332,7 @@ class Shard:
             fresh = PartitionIndex.from_template(template, dimension)
             for start in range(0, len(labels), batch_size):
                 fresh.add(labels[start : start + batch_size], vectors[start : start + batch_size])
-            with self._lock:
+            with self._lock.write():
                 assert self._pending is not None
                 for op, arg in self._pending:
                     if op == "remove":

@@ -29,9 +29,13 @@ class Settings(BaseSettings):
     gateway_replicas: int = Field(1, ge=1)
     gateway_num_cpus: float = 0.25
     gateway_max_ongoing_requests: int = 64
+    gateway_threads: int = Field(
+        0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
+    )
     shard_num_cpus: float = 0.25
     shard_threads: int = Field(1, ge=1, description="faiss threads per shard")
     control_num_cpus: float = 0.1
+    train_threads: int = Field(0, ge=0, description="faiss threads for training; 0 = all cores")
 
     auto_train_threshold: int = Field(10_000, ge=1)
     retrain_factor: float = Field(4.0, gt=1)
@@ -71,4 +75,5 @@ class Settings(BaseSettings):
             recall_target=self.recall_target,
             idle_ttl_s=self.idle_ttl_s,
             train_wait_s=self.train_wait_s,
+            train_threads=self.train_threads,
         )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
+import faiss
 import ray
 from fastapi import FastAPI
 from ray import serve
@@ -62,6 +64,9 @@ class Gateway:
         # A function, not the REPLICA object: Serve pickles this class by value, and the object
         # would be copied into it instead of shared with the routes.
         configure_replica(s, Engine(control_plane(s), retries=s.shard_retries))
+        # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
+        # large batch is worth the cores.
+        faiss.omp_set_num_threads(s.gateway_threads or os.cpu_count() or 1)
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

@@ -11,10 +11,10 @@ def _doc(text: str) -> dict[str, Any]:
     return {"model": ErrorResponse, "description": text}
 
 
+CONFLICT: dict[int | str, dict[str, Any]] = {409: _doc("An index with this name exists")}
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: _doc("Missing or wrong X-API-Key, or wrong index_key"),
     404: _doc("Unknown index"),
-    409: _doc("An index with this name exists"),
     413: _doc("Request body over the size limit"),
     422: _doc("Invalid parameters"),
     500: _doc("Internal error (message scrubbed, request id kept)"),

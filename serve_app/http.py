@@ -58,8 +58,10 @@ class Route(APIRoute):
         return route
 
 
-def require_api_key(request: Request) -> None:
-    """FastAPI dependency: the X-API-Key header must match one of the configured keys."""
+async def require_api_key(request: Request) -> None:
+    """FastAPI dependency: the X-API-Key header must match one of the configured keys.
+
+    ``async`` so FastAPI runs it on the event loop instead of a threadpool hop per request."""
     given = request.headers.get("x-api-key")
     if not given:
         raise Unauthorized("missing X-API-Key header")

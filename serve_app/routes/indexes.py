@@ -9,7 +9,7 @@ from actors.crypto import derive_keys, new_salt, parse_index_key
 from actors.errors import InvalidRequest
 from actors.training import TrainParams
 from actors.types import IndexConfig, IndexMeta
-from serve_app.errors_doc import ERRORS
+from serve_app.errors_doc import CONFLICT, ERRORS
 from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
 from serve_app.models import (
     CreateIndexRequest,
@@ -32,7 +32,7 @@ async def list_indexes(request: Request) -> JSON:
     return JSON({"indexes": await engine.call(engine.control.list_indexes.remote())})
 
 
-@router.post("/create", response_model=StatusResponse, responses={409: ERRORS[409]})
+@router.post("/create", response_model=StatusResponse, responses=CONFLICT)
 async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     engine, settings = engine_of(request), settings_of(request)
     key = parse_index_key(body.index_key)
