@@ -8,7 +8,7 @@ Rules (documented in the README):
   ``max_memory`` bytes of vectors when given.
 - Automatic n_probes: a held-out sample of the data is queried against an IVF index over the rest
   of the sample; for each calibrated top_k the smallest n_probes whose mean recall@top_k against
-  brute force reaches the target is kept.
+  brute force reaches the target plus two standard errors of that estimate is kept.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ def calibrate_nprobe(
             if isinstance(index, faiss.IndexIVFFlat)
             else target * _recall(index, queries, truth, k_eff, nlist)
         )
+        # Two standard errors of the held-out estimate as margin, so the target holds on
+        # queries the calibration did not see.
+        goal = min(1.0, goal + 2 * math.sqrt(goal * (1 - goal) / truth.size))
         nprobe = _smallest_nprobe(index, queries, truth, k_eff, goal)
         table.append((k, nprobe))
     # n_probes never decreases with top_k.
