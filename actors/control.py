@@ -19,9 +19,10 @@ from typing import Any
 import faiss
 import numpy as np
 import ray
+from ray.exceptions import GetTimeoutError
 
 from actors import persistence
-from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
+from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unavailable, VaultvecError
 from actors.partition import centroids_of, deserialize, serialize
 from actors.shard import Shard
 from actors.store import Store, open_store
@@ -35,7 +36,8 @@ CONTROL_NAME = "vaultvec-control"
 @dataclass(frozen=True)
 class EngineOptions:
     store_url: str
-    shard_num_cpus: float = 0.25
+    shard_num_cpus: float = 0.05
+    shard_start_timeout_s: float = 60.0
     shard_threads: int = 1
     shard_max_concurrency: int = 32
     wal_max_records: int = 256
@@ -99,7 +101,11 @@ class ControlPlane:
             persistence.write_meta(self.store, meta)  # last: the index exists once this lands
             self._catalog[meta.name] = meta
             self._configs[meta.name] = cfg
-        self._shards(meta, cfg)
+        try:
+            self._shards(meta, cfg)
+        except Unavailable:
+            self.delete_index(meta.name, key)  # no half-created index is left behind
+            raise
 
     def delete_index(self, name: str, key: bytes) -> None:
         meta = self.lookup(name)
@@ -145,7 +151,24 @@ class ControlPlane:
             return cfg
 
     def _shards(self, meta: IndexMeta, cfg: IndexConfig) -> list[Any]:
-        """Handles of the index's shard actors, created on first use (named, detached)."""
+        """Handles of the index's shard actors, created on first use (named, detached).
+
+        Waits until every shard runs: a shard Ray cannot place (no free CPU for it) is a clear
+        503, not a request that hangs.
+        """
+        handles = self._shard_handles(meta, cfg)
+        try:
+            ray.get([h.ping.remote() for h in handles], timeout=self.options.shard_start_timeout_s)
+        except GetTimeoutError:
+            raise Unavailable(
+                f"could not start the {cfg.n_shards} shards of index {meta.name!r} within "
+                f"{self.options.shard_start_timeout_s:.0f}s: the cluster has no room for more "
+                f"shard actors ({self.options.shard_num_cpus} CPU each; see "
+                "VAULTVEC_SHARD_NUM_CPUS) or a node is down"
+            ) from None
+        return handles
+
+    def _shard_handles(self, meta: IndexMeta, cfg: IndexConfig) -> list[Any]:
         o = self.options
         return [
             ShardActor.options(
@@ -253,7 +276,7 @@ class ControlPlane:
         ref = ray.put(blob)
         ray.get(
             [
-                sh.rebuild.remote(key, new_cfg.version, ref, params.batch_size or 65536)
+                sh.rebuild.remote(key, new_cfg.version, ref, table, params.batch_size or 65536)
                 for sh in shards
             ]
         )

@@ -27,7 +27,14 @@ from actors.items import ItemTable
 from actors.partition import PartitionIndex, serialize
 from actors.rwlock import RWLock
 from actors.store import Store, open_store
-from actors.types import Fetched, SearchRequest, SearchResult, ShardStats, UpsertBatch
+from actors.types import (
+    Fetched,
+    SearchRequest,
+    SearchResult,
+    ShardStats,
+    UpsertBatch,
+    auto_nprobe,
+)
 
 
 class Shard:
@@ -64,6 +71,7 @@ class Shard:
         self.items = ItemTable()
         self.partition: PartitionIndex | None = None
         self.version = 0
+        self.nprobe_table: tuple[tuple[int, int], ...] = ()
         self.seq = 0
         self.gen = 0
         self._wal_records = 0
@@ -108,6 +116,7 @@ class Shard:
         meta, arrays = codec.unpack(raw)
         self.seq = meta["seq"]
         self.version = meta["version"]
+        self.nprobe_table = tuple(tuple(p) for p in meta.get("nprobe_table", ()))
         self.items = ItemTable.from_arrays(arrays, meta["next_label"])
         if "index" in arrays:
             self.partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
@@ -222,6 +231,7 @@ class Shard:
         meta: dict[str, Any] = {
             "seq": self.seq,
             "version": self.version,
+            "nprobe_table": [list(p) for p in self.nprobe_table],
             "next_label": self.items.next_label,
         }
         arrays = self.items.to_arrays()
@@ -261,8 +271,10 @@ class Shard:
                 dist, labels = part.search_greedy(req.queries, k, nprobe, bits)
             else:
                 list_nos, coarse = req.list_nos, req.coarse_dis
-                if req.version != self.version or nprobe > part.nlist:
-                    # The gateway planned with another training version: assign locally.
+                if req.version != self.version:
+                    # The gateway planned with another training version (a swap is under
+                    # way or its view is stale): assign locally, with this version's probes.
+                    nprobe = req.n_probes or auto_nprobe(self.nprobe_table, part.nlist, k)
                     coarse, list_nos = part.assign(req.queries, nprobe)
                 dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
             dist[labels < 0] = np.inf
@@ -316,14 +328,20 @@ class Shard:
 
     # -- training swap ----------------------------------------------------------------------
     def rebuild(
-        self, key: bytes, version: int, template: np.ndarray, batch_size: int = 65536
+        self,
+        key: bytes,
+        version: int,
+        template: np.ndarray,
+        nprobe_table: tuple[tuple[int, int], ...] = (),
+        batch_size: int = 65536,
     ) -> ShardStats:
         """Re-insert every item into a fresh index from ``template`` and swap it in atomically."""
         with self._snapshot_lock:
             with self._lock.write():
                 self._ensure_loaded(key)
-                if self.partition is None:
-                    self.version = version
+                if self.partition is None:  # no items yet: later ones go to the new lists
+                    self.partition = PartitionIndex.from_template(template, 0)
+                    self.version, self.nprobe_table = version, tuple(nprobe_table)
                     return self.stats(key)
                 labels = self.items.live_labels()
                 dimension = self.partition.dimension
@@ -340,6 +358,7 @@ class Shard:
                     else:
                         fresh.add(*arg)
                 self.partition, self.version, self._pending = fresh, version, None
+                self.nprobe_table = tuple(nprobe_table)
                 frame = self._capture()
                 old_gen, self.gen = self.gen, self.gen + 1
                 self._wal_records = self._wal_bytes = 0

@@ -57,15 +57,19 @@ class IndexConfig:
         return replace(self, **changes)
 
     def auto_nprobe(self, top_k: int) -> int:
-        """n_probes for a query of ``top_k`` results, from the calibration table."""
-        if not self.is_trained or not self.nprobe_table:
-            return self.n_lists
-        for k, nprobe in self.nprobe_table:
-            if top_k <= k:
-                return min(nprobe, self.n_lists)
-        k_max, nprobe_max = self.nprobe_table[-1]
-        scaled = int(np.ceil(nprobe_max * np.sqrt(top_k / k_max)))
-        return min(max(scaled, nprobe_max), self.n_lists)
+        return auto_nprobe(self.nprobe_table, self.n_lists, top_k)
+
+
+def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) -> int:
+    """n_probes for a query of ``top_k`` results, from a calibration table."""
+    if not table:
+        return n_lists
+    for k, nprobe in table:
+        if top_k <= k:
+            return min(nprobe, n_lists)
+    k_max, nprobe_max = table[-1]
+    scaled = int(np.ceil(nprobe_max * np.sqrt(top_k / k_max)))
+    return min(max(scaled, nprobe_max), n_lists)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class SearchRequest:
     filter: FilterNode | None = None
     greedy: bool = False
     with_metadata: bool = True
+    # The caller's explicit n_probes (0 = automatic): what a shard uses when it holds another
+    # training version than the gateway planned with and must assign the lists itself.
+    n_probes: int = 0
 
 
 @dataclass(frozen=True)

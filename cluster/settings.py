@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     gateway_threads: int = Field(
         0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
     )
-    shard_num_cpus: float = 0.25
+    shard_num_cpus: float = Field(0.05, ge=0, description="CPU reserved per shard actor")
     shard_threads: int = Field(1, ge=1, description="faiss threads per shard")
     control_num_cpus: float = 0.1
     train_threads: int = Field(0, ge=0, description="faiss threads for training; 0 = all cores")
@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     max_top_k: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(256 << 20, ge=1024)
     shard_retries: int = Field(3, ge=0)
+    shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 
     @field_validator("storage")
     @classmethod

@@ -63,7 +63,9 @@ class Gateway:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
         # A function, not the REPLICA object: Serve pickles this class by value, and the object
         # would be copied into it instead of shared with the routes.
-        configure_replica(s, Engine(control_plane(s), retries=s.shard_retries))
+        configure_replica(
+            s, Engine(control_plane(s), retries=s.shard_retries, timeout_s=s.shard_timeout_s)
+        )
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
         # large batch is worth the cores.
         faiss.omp_set_num_threads(s.gateway_threads or os.cpu_count() or 1)

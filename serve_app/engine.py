@@ -67,9 +67,17 @@ def unwrap(exc: BaseException) -> BaseException:
 
 
 class Engine:
-    def __init__(self, control: Any, *, retries: int = 3, retry_backoff_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        control: Any,
+        *,
+        retries: int = 3,
+        retry_backoff_s: float = 0.2,
+        timeout_s: float = 300.0,
+    ) -> None:
         self.control = control
         self.retries = retries
+        self.timeout_s = timeout_s
         self.retry_backoff_s = retry_backoff_s
         self._metas: dict[str, IndexMeta] = {}
         self._views: dict[str, CachedView] = {}
@@ -114,9 +122,11 @@ class Engine:
         self._views.pop(name, None)
         self._metas.pop(name, None)
 
-    async def refresh_if_stale(self, cv: CachedView, versions: Sequence[int]) -> None:
+    async def refresh_if_stale(self, cv: CachedView, versions: Sequence[int]) -> CachedView:
+        """The view, reloaded when a shard reports another training version than it holds."""
         if any(v != cv.config.version for v in versions):
-            await self._load_view(cv.view.meta.name, cv.key)
+            return await self._load_view(cv.view.meta.name, cv.key)
+        return cv
 
     # -- fan-out ----------------------------------------------------------------------------
     async def call(self, ref: Awaitable[T]) -> T:
@@ -134,7 +144,11 @@ class Engine:
             attempts = self.retries + 1 if idempotent else 1
             for attempt in range(attempts):
                 try:
-                    return await make()
+                    return await asyncio.wait_for(make(), self.timeout_s)
+                except asyncio.TimeoutError:
+                    raise Unavailable(
+                        f"a shard of this index did not answer within {self.timeout_s:.0f}s"
+                    ) from None
                 except Exception as exc:
                     cause = unwrap(exc)
                     if isinstance(cause, VaultvecError):
@@ -164,33 +178,49 @@ class Engine:
         cv: CachedView,
         x: np.ndarray,
         k: int,
-        nprobe: int,
+        n_probes: int,
         filter_: Any,
         greedy: bool,
         with_metadata: bool,
     ) -> Hits:
+        """Top-k of a batch of queries; ``n_probes`` is the caller's value, 0 = automatic."""
         node = parse_filter(filter_)
+        nprobe = n_probes or cv.config.auto_nprobe(k)
+        return await self._search(cv, x, k, n_probes, nprobe, node, greedy, with_metadata)
+
+    async def _search(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        k: int,
+        explicit: int,
+        nprobe: int,
+        node: Any,
+        greedy: bool,
+        with_metadata: bool,
+    ) -> Hits:
         cfg = cv.config
         n_lists = cfg.n_lists if cv.quantizer is not None else 1
         nprobe = max(1, min(nprobe, n_lists))
-        while True:
-            lists, coarse = self.plan(cv, x, nprobe)
-            req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata)
-            parts: list[tuple[SearchResult, int]] = await self.fan_out(
-                [partial(s.search.remote, cv.key, req) for s in cv.view.shards]
-            )
-            hits = merge([p[0] for p in parts], k, with_metadata)
-            # Fewer than top_k results while more items match: the probed lists ran dry, so probe
-            # more lists for those queries (rare: tiny lists or a very selective filter).
-            need = min(k, sum(p[1] for p in parts))
-            short = np.flatnonzero(hits.counts < need)
-            await self.refresh_if_stale(cv, [p[0].version for p in parts])
-            if len(short) == 0 or nprobe >= n_lists or greedy:
-                return hits
-            nprobe = min(n_lists, nprobe * 4)
-            if len(short) < len(x):
-                sub = await self.search(cv, x[short], k, nprobe, filter_, greedy, with_metadata)
-                return patch(hits, short, sub)
+        lists, coarse = self.plan(cv, x, nprobe)
+        req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata, explicit)
+        parts: list[tuple[SearchResult, int]] = await self.fan_out(
+            [partial(s.search.remote, cv.key, req) for s in cv.view.shards]
+        )
+        hits = merge([p[0] for p in parts], k, with_metadata)
+        # A shard on another training version assigned lists itself (results stay right);
+        # refresh the view so the next plans use the new quantizer.
+        cv = await self.refresh_if_stale(cv, [p[0].version for p in parts])
+        # Fewer than top_k results while more items match: the probed lists ran dry, so probe
+        # more lists for those queries (rare: tiny lists or a very selective filter).
+        need = min(k, sum(p[1] for p in parts))
+        short = np.flatnonzero(hits.counts < need)
+        n_lists = cv.config.n_lists if cv.quantizer is not None else 1
+        if len(short) == 0 or greedy or nprobe >= n_lists:
+            return hits
+        wider = min(n_lists, nprobe * 4)
+        sub = await self._search(cv, x[short], k, explicit, wider, node, greedy, with_metadata)
+        return patch(hits, short, sub)
 
     async def upsert_batches(
         self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]
@@ -228,8 +258,8 @@ class Engine:
         """Items in the index, and the view refreshed if a shard reported a newer version."""
         stats = await self.all_shards(cv, "stats")
         cv.counts = {s: st.count for s, st in enumerate(stats)}
-        await self.refresh_if_stale(cv, [st.version for st in stats])
-        return sum(cv.counts.values()), self._views.get(cv.view.meta.name, cv)
+        fresh = await self.refresh_if_stale(cv, [st.version for st in stats])
+        return sum(cv.counts.values()), fresh
 
     async def fetch(
         self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool

@@ -57,7 +57,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
         errors = scrub_validation(exc.errors())
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
+        if first["type"] == "json_invalid":
+            at = first["loc"][0] if first["loc"] else "?"
+            detail = (
+                f"request body is not valid JSON (at character {at}; "
+                "NaN and Infinity are not JSON numbers)"
+            )
+            return error_response(422, detail, errors)
         where = ".".join(first["loc"]) or "body"
         return error_response(422, f"{where}: {first['msg']}", errors)
 

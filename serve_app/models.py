@@ -51,9 +51,13 @@ class CreateIndexRequest(IndexRequest):
 
 
 class TrainRequest(IndexRequest):
-    n_lists: int | None = Field(None, ge=1, description="number of IVF lists; null/0 = automatic")
-    batch_size: int | None = Field(None, ge=1)
-    max_iters: int | None = Field(None, ge=1, le=1000)
+    n_lists: int | None = Field(None, ge=0, description="number of IVF lists; null/0 = automatic")
+    batch_size: int | None = Field(
+        None, ge=0, description="items per rebuild batch; null/0 = default"
+    )
+    max_iters: int | None = Field(
+        None, ge=0, le=1000, description="k-means iterations; null/0 = 20"
+    )
     tolerance: float | None = Field(None, ge=0)
     max_memory: int | None = Field(None, ge=0, description="bytes of training sample; 0 = no limit")
 

@@ -112,8 +112,8 @@ async def train_index(body: TrainRequest, request: Request) -> JSON:
     cv = await engine.view(body.index_name, body.index_key)
     params = TrainParams(
         n_lists=body.n_lists or None,
-        batch_size=body.batch_size,
-        max_iters=body.max_iters,
+        batch_size=body.batch_size or None,
+        max_iters=body.max_iters or None,
         tolerance=body.tolerance,
         max_memory=body.max_memory or None,
     )

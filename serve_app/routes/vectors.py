@@ -111,9 +111,8 @@ async def query(body: QueryRequest, request: Request) -> JSON:
         return JSON({"results": [] if single else [[] for _ in range(len(x))]})
     check_dimension(x, cfg.dimension, "query_vectors")
     x, _ = to_index_space(x, cfg.metric, "query_vectors")
-    nprobe = body.n_probes or cfg.auto_nprobe(top_k)
     hits = await engine.search(
-        cv, x, top_k, nprobe, body.filters, bool(body.greedy), "metadata" in include
+        cv, x, top_k, body.n_probes or 0, body.filters, bool(body.greedy), "metadata" in include
     )
     results = shape_results(hits, cfg.metric, "distance" in include, "metadata" in include)
     return JSON({"results": results[0] if single else results})

@@ -54,12 +54,8 @@ def start_server(storage: Path, ray_tmp: str, port: int) -> tuple[subprocess.Pop
     for line in proc.stdout:
         lines.append(line)
         if "vaultvec serving at" in line:
-            stdout = proc.stdout
-
-            def drain() -> None:  # keep the pipe drained, remember what was said
-                lines.extend(stdout)
-
-            threading.Thread(target=drain, daemon=True).start()
+            # Keep the pipe drained and remember what was said.
+            threading.Thread(target=lines.extend, args=(proc.stdout,), daemon=True).start()
             return proc, lines
         if time.monotonic() > deadline:
             break

@@ -1,0 +1,190 @@
+"""Metadata filters over HTTP against a brute-force Python oracle on the same data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import clustered
+from tests.integration.support import (
+    assert_ascending,
+    brute_force,
+    create_index,
+    ids_of,
+    matches,
+)
+
+N = 1200
+DIM = 8
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+
+
+def make_metadata(j: int, rng: np.random.Generator) -> dict[str, Any] | None:
+    if j % 37 == 0:
+        return None  # items without metadata
+    doc: dict[str, Any] = {
+        "cat": ["a", "b", "c", "d"][int(rng.integers(4))],
+        "n": int(rng.integers(0, 100)),
+        "x": round(float(rng.random()), 4),
+        "flag": bool(rng.random() < 0.3),
+        "tags": [t for t in ("red", "green", "blue", "black") if rng.random() < 0.35],
+        "nested": {
+            "k": int(rng.integers(0, 5)),
+            "s": ["p", "q", "r"][int(rng.integers(3))],
+            "deep": {"z": j % 7},
+        },
+        "name": WORDS[j % len(WORDS)] + str(j % 13),
+    }
+    opt = j % 5
+    if opt == 1:
+        doc["opt"] = None
+    elif opt == 2:
+        doc["opt"] = j % 10
+    elif opt == 3:
+        doc["opt"] = "text"
+    elif opt == 4:
+        doc["opt"] = [1, None, "z"]
+    # One field with values of several types: equality is type-strict.
+    doc["mixed"] = [1, "1", True, 1.5, False, 0][j % 6]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def dataset(http):
+    rng = np.random.default_rng(42)
+    vectors = rng.normal(size=(N, DIM)).astype(np.float32)
+    metadata = [make_metadata(j, rng) for j in range(N)]
+    ids = [f"f{j}" for j in range(N)]
+    idx = create_index(http, dimension=DIM)
+    idx.upsert_arrays(ids, vectors, metadata=metadata, batch=600)
+    yield idx, vectors, metadata, ids
+    idx.drop()
+
+
+FILTERS: list[dict[str, Any]] = [
+    {"cat": "a"},
+    {"cat": {"$eq": "b"}},
+    {"cat": {"$ne": "a"}},
+    {"n": {"$gt": 50}},
+    {"n": {"$gte": 50}},
+    {"n": {"$lt": 10}},
+    {"n": {"$lte": 10}},
+    {"x": {"$gt": 0.25, "$lte": 0.5}},
+    {"n": {"$gte": 10, "$lt": 20}, "cat": "c"},
+    {"n": 42},
+    {"n": 42.0},
+    {"n": {"$in": [1, 2, 3.0, "4"]}},
+    {"cat": {"$in": ["a", "c"]}},
+    {"cat": {"$nin": ["a", "c"]}},
+    {"name": {"$gt": "echo"}},
+    {"name": {"$lte": "charlie5"}},
+    {"flag": True},
+    {"flag": {"$ne": True}},
+    {"tags": "red"},
+    {"tags": {"$in": ["blue", "black"]}},
+    {"tags": {"$nin": ["red"]}},
+    {"tags": {"$exists": True}},
+    {"nested.k": 3},
+    {"nested.s": {"$in": ["p", "r"]}},
+    {"nested.deep.z": {"$gte": 5}},
+    {"nested": {"$exists": False}},
+    {"opt": {"$exists": True}},
+    {"opt": {"$exists": False}},
+    {"opt": None},
+    {"opt": {"$ne": None}},
+    {"opt": {"$in": [None, 3]}},
+    {"opt": "z"},
+    {"opt": {"$gt": 5}},
+    {"mixed": 1},
+    {"mixed": True},
+    {"mixed": "1"},
+    {"mixed": {"$gt": 0}},
+    {"mixed": {"$ne": False}},
+    {"$and": [{"cat": "a"}, {"flag": False}]},
+    {"$or": [{"cat": "a"}, {"n": {"$gt": 90}}]},
+    {
+        "$or": [
+            {"$and": [{"cat": "b"}, {"tags": "red"}]},
+            {"nested.k": {"$in": [0, 4]}, "flag": True},
+        ]
+    },
+    {"$and": [{"$or": [{"n": {"$lt": 5}}, {"n": {"$gt": 95}}]}, {"cat": {"$ne": "d"}}]},
+    {"no_such_field": 1},
+    {"no_such_field": {"$ne": 1}},
+    {},
+]
+
+
+@pytest.mark.parametrize("flt", FILTERS, ids=[str(f) for f in FILTERS])
+def test_filter_matches_oracle(dataset, flt):
+    idx, vectors, metadata, ids = dataset
+    expected = [j for j in range(N) if matches(metadata[j], flt)]
+    query = vectors[17] * 0.5
+    results = idx.query(
+        query_vectors=query, top_k=10_000, filters=flt, include=["distance", "metadata"]
+    )
+    assert_ascending(results)
+    # Every match, nothing else, in exact distance order (the index is untrained: exact search).
+    _, order = (
+        brute_force(vectors[expected], query, len(expected))
+        if expected
+        else (None, np.zeros((1, 0), int))
+    )
+    assert ids_of(results) == [ids[expected[i]] for i in order[0]]
+    for r in results:
+        assert r["metadata"] == (metadata[int(r["id"][1:])] or {})
+    # A small top_k keeps the nearest matches.
+    top = idx.query(query_vectors=query, top_k=7, filters=flt, include=[])
+    assert ids_of(top) == [ids[expected[i]] for i in order[0][:7]]
+
+
+def test_filter_applies_to_every_query_of_a_batch(dataset):
+    idx, vectors, metadata, ids = dataset
+    flt = {"$or": [{"cat": "d"}, {"tags": "green"}]}
+    expected = [j for j in range(N) if matches(metadata[j], flt)]
+    queries = vectors[[3, 500, 999]]
+    results = idx.query(query_vectors=queries, top_k=15, filters=flt, include=["distance"])
+    _, order = brute_force(vectors[expected], queries, 15)
+    assert [ids_of(res) for res in results] == [[ids[expected[i]] for i in row] for row in order]
+
+
+def test_selective_filter_on_trained_index_still_fills_top_k(make_index):
+    n, dim = 1900, 16
+    data = clustered(n, dim, n_clusters=40, seed=9)
+    rng = np.random.default_rng(10)
+    rare = set(rng.choice(n, size=57, replace=False).tolist())  # 3% of the items
+    bucket = {j: int(rng.integers(0, 6)) for j in rare}
+    metadata = [{"rare": j in rare, "bucket": bucket.get(j, -1)} for j in range(n)]
+    ids = [f"s{j}" for j in range(n)]
+    idx = make_index(dimension=dim)
+    idx.upsert_arrays(ids, data, metadata=metadata)
+    idx.train(n_lists=40)
+    desc = idx.describe()
+    assert desc["is_trained"] and desc["index_config"]["n_lists"] == 40
+
+    queries = data[[0, 1, 2, 3]] + 0.01
+    rare_ids = {ids[j] for j in rare}
+    # n_probes=1 alone would see about one fortieth of the items (~1-2 rare ones).
+    for res in idx.query(query_vectors=queries, top_k=20, n_probes=1, filters={"rare": True}):
+        assert len(res) == 20 and set(ids_of(res)) <= rare_ids
+        assert_ascending(res)
+    # Fewer matches than top_k: all of them.
+    for res in idx.query(query_vectors=queries, top_k=100, n_probes=1, filters={"rare": True}):
+        assert sorted(ids_of(res)) == sorted(rare_ids)
+    few = {"rare": True, "bucket": {"$in": [1, 99]}}
+    few_ids = {ids[j] for j in rare if bucket[j] == 1}
+    assert 0 < len(few_ids) < 20
+    for res in idx.query(query_vectors=queries, top_k=20, n_probes=1, filters=few):
+        assert sorted(ids_of(res)) == sorted(few_ids)
+    # Greedy probing with a filter also fills top_k.
+    for res in idx.query(
+        query_vectors=queries, top_k=20, n_probes=1, greedy=True, filters={"rare": True}
+    ):
+        assert len(res) == 20 and set(ids_of(res)) <= rare_ids
+    # Probing every list: the exact filtered answer.
+    rare_rows = sorted(rare)
+    _, order = brute_force(data[rare_rows], queries, 20)
+    results = idx.query(query_vectors=queries, top_k=20, n_probes=40, filters={"rare": True})
+    assert [ids_of(res) for res in results] == [[ids[rare_rows[i]] for i in row] for row in order]

@@ -1,0 +1,316 @@
+"""/v1/health and /v1/indexes/*: response shapes, defaults, lifecycle, deletion of stored bytes."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import random_key
+from tests.integration.conftest import API_KEY, AUTO_TRAIN_THRESHOLD
+from tests.integration.support import create_index, error, ok, unique_name
+
+ROUTES = [
+    ("GET", "/v1/indexes/list"),
+    ("GET", "/v1/indexes/training-status"),
+    ("POST", "/v1/indexes/create"),
+    ("POST", "/v1/indexes/describe"),
+    ("POST", "/v1/indexes/delete"),
+    ("POST", "/v1/indexes/train"),
+    ("POST", "/v1/vectors/upsert"),
+    ("POST", "/v1/vectors/query"),
+    ("POST", "/v1/vectors/get"),
+    ("POST", "/v1/vectors/delete"),
+    ("POST", "/v1/vectors/list_ids"),
+    ("POST", "/v1/vectors/num_vectors"),
+]
+
+
+def test_health_needs_no_api_key(service):
+    r = httpx.get(f"{service.url}/v1/health")
+    body = ok(r)
+    assert set(body) == {"status", "api_version", "version"}
+    assert body["status"] == "healthy" and body["api_version"] == "v1"
+    assert isinstance(body["version"], str) and body["version"]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+@pytest.mark.parametrize("api_key", [None, "", "wrong-key", API_KEY + "x"])
+def test_every_other_route_needs_a_valid_api_key(service, method, path, api_key):
+    headers = {} if api_key is None else {"X-API-Key": api_key}
+    # A well-formed body for an index that exists nowhere: auth must be checked first (not 404).
+    body = {"index_name": unique_name(), "index_key": random_key(), "ids": ["a"]}
+    r = httpx.request(
+        method, f"{service.url}{path}", headers=headers, json=body if method == "POST" else None
+    )
+    err = error(r, 401)
+    if api_key:
+        assert api_key not in err["detail"]
+
+
+def test_any_configured_api_key_is_accepted(service):
+    for key in (API_KEY, "second-key"):
+        body = ok(httpx.get(f"{service.url}/v1/indexes/list", headers={"X-API-Key": key}))
+        assert set(body) == {"indexes"} and isinstance(body["indexes"], list)
+
+
+def test_create_list_describe_delete_lifecycle(http):
+    name, key = unique_name(), random_key()
+    body = {
+        "index_name": name,
+        "index_key": key,
+        "index_config": {"type": "ivfflat", "dimension": 8},
+        "metric": "cosine",
+    }
+    created = ok(http.post("/v1/indexes/create", json=body))
+    assert set(created) == {"status", "message"} and created["status"] == "success"
+    try:
+        assert name in ok(http.get("/v1/indexes/list"))["indexes"]
+
+        # The name is taken whatever key or config the second request brings.
+        error(http.post("/v1/indexes/create", json=body), 409)
+        error(
+            http.post("/v1/indexes/create", json={"index_name": name, "index_key": random_key()}),
+            409,
+        )
+
+        ident = {"index_name": name, "index_key": key}
+        desc = ok(http.post("/v1/indexes/describe", json=ident))
+        assert desc == {
+            "index_name": name,
+            "index_type": "ivfflat",
+            "is_trained": False,
+            "index_config": {
+                "type": "ivfflat",
+                "dimension": 8,
+                "metric": "cosine",
+                "n_lists": desc["index_config"]["n_lists"],
+            },
+            "embedding_model": None,
+            "num_vectors": 0,
+        }
+        assert isinstance(desc["index_config"]["n_lists"], int)
+
+        items = [{"id": f"v{i}", "vector": [float(i + 1)] * 8} for i in range(5)]
+        ok(http.post("/v1/vectors/upsert", json={**ident, "items": items}))
+        assert ok(http.post("/v1/indexes/describe", json=ident))["num_vectors"] == 5
+
+        deleted = ok(http.post("/v1/indexes/delete", json=ident))
+        assert set(deleted) == {"status", "message"} and deleted["status"] == "success"
+        assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
+        for route in (
+            "indexes/describe",
+            "vectors/num_vectors",
+            "vectors/list_ids",
+            "indexes/delete",
+        ):
+            error(http.post(f"/v1/{route}", json=ident), 404)
+        error(http.post("/v1/vectors/query", json={**ident, "query_vectors": [1.0] * 8}), 404)
+
+        # The name is free again: a new index under it starts empty, with a new key.
+        key2 = random_key()
+        ok(http.post("/v1/indexes/create", json={"index_name": name, "index_key": key2}))
+        key = key2
+        ident = {"index_name": name, "index_key": key2}
+        assert ok(http.post("/v1/vectors/num_vectors", json=ident)) == {"result": 0}
+        error(
+            http.post("/v1/indexes/describe", json={**ident, "index_key": body["index_key"]}), 401
+        )
+    finally:
+        http.post("/v1/indexes/delete", json={"index_name": name, "index_key": key})
+
+
+def test_create_with_explicit_nulls_uses_defaults(http):
+    name, key = unique_name(), random_key()
+    body = {
+        "index_name": name,
+        "index_key": key,
+        "index_config": None,
+        "metric": None,
+        "embedding_model": None,
+    }
+    ok(http.post("/v1/indexes/create", json=body))
+    try:
+        desc = ok(http.post("/v1/indexes/describe", json={"index_name": name, "index_key": key}))
+        assert desc["index_type"] == "ivfflat"
+        assert desc["index_config"]["type"] == "ivfflat"
+        assert desc["index_config"]["metric"] == "euclidean"
+        assert desc["index_config"]["dimension"] is None
+        assert desc["is_trained"] is False and desc["num_vectors"] == 0
+        # The first upsert fixes the dimension.
+        item = {"id": "a", "vector": [1.0, 2.0, 3.0, 4.0, 5.0]}
+        ok(
+            http.post(
+                "/v1/vectors/upsert", json={"index_name": name, "index_key": key, "items": [item]}
+            )
+        )
+        desc = ok(http.post("/v1/indexes/describe", json={"index_name": name, "index_key": key}))
+        assert desc["index_config"]["dimension"] == 5 and desc["num_vectors"] == 1
+        bad = {"id": "b", "vector": [1.0, 2.0, 3.0]}
+        error(
+            http.post(
+                "/v1/vectors/upsert", json={"index_name": name, "index_key": key, "items": [bad]}
+            ),
+            422,
+        )
+    finally:
+        http.post("/v1/indexes/delete", json={"index_name": name, "index_key": key})
+
+
+@pytest.mark.parametrize("index_type", ["ivfflat", "ivf", "ivfpq"])
+def test_describe_reports_each_index_type(make_index, index_type):
+    extra = {"pq_dim": 4, "pq_bits": 6} if index_type == "ivfpq" else {}
+    idx = make_index(index_type=index_type, dimension=16, metric="squared_euclidean", **extra)
+    desc = idx.describe()
+    assert desc["index_type"] == index_type
+    cfg = desc["index_config"]
+    assert (
+        cfg["type"] == index_type
+        and cfg["dimension"] == 16
+        and cfg["metric"] == "squared_euclidean"
+    )
+    if index_type == "ivfpq":
+        assert cfg["pq_dim"] == 4 and cfg["pq_bits"] == 6
+    else:
+        assert cfg.get("pq_dim") is None and cfg.get("pq_bits") is None
+
+
+def test_metric_may_be_given_inside_index_config(http):
+    name, key = unique_name(), random_key()
+    body = {
+        "index_name": name,
+        "index_key": key,
+        "index_config": {"type": "ivf", "metric": "cosine"},
+    }
+    ok(http.post("/v1/indexes/create", json=body))
+    try:
+        desc = ok(http.post("/v1/indexes/describe", json={"index_name": name, "index_key": key}))
+        assert desc["index_config"]["metric"] == "cosine" and desc["index_type"] == "ivf"
+    finally:
+        http.post("/v1/indexes/delete", json={"index_name": name, "index_key": key})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "ivfpq", "dimension": 10, "pq_dim": 3},  # pq_dim must divide the dimension
+        {"type": "ivfpq", "dimension": 8, "pq_dim": 2, "pq_bits": 0},
+        {"type": "ivfpq", "dimension": 8, "pq_dim": 2, "pq_bits": 17},
+        {"type": "hnsw", "dimension": 8},
+        {"type": "ivfflat", "dimension": 0},
+    ],
+)
+def test_invalid_index_config_is_422_and_creates_nothing(http, config):
+    name = unique_name()
+    r = http.post(
+        "/v1/indexes/create",
+        json={"index_name": name, "index_key": random_key(), "index_config": config},
+    )
+    error(r, 422)
+    assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
+
+
+@pytest.mark.parametrize("name", ["", "n" * 256])
+def test_invalid_index_name_is_422(http, name):
+    error(
+        http.post("/v1/indexes/create", json={"index_name": name, "index_key": random_key()}), 422
+    )
+    assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
+
+
+def test_index_names_are_opaque_strings(service, http):
+    """Any name works and never becomes a path (the store uses random index ids)."""
+    names = [f"../../escape-{uuid.uuid4().hex[:8]}", f"ünï cödé/{uuid.uuid4().hex[:8]} ✓", " "]
+    outside = service.storage.parent.parent / names[0].rsplit("/", 1)[1]
+    for name in names:
+        idx = create_index(http, name=name, dimension=2)
+        try:
+            assert name in ok(http.get("/v1/indexes/list"))["indexes"]
+            idx.upsert([{"id": "a", "vector": [1.0, 2.0]}])
+            assert idx.describe()["index_name"] == name
+            assert idx.get(["a"], include=[]) == [{"id": "a"}]
+            assert not outside.exists()
+        finally:
+            ok(idx.post("indexes/delete"))
+        assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
+
+
+def test_unknown_metric_is_422(http):
+    name = unique_name()
+    r = http.post(
+        "/v1/indexes/create",
+        json={"index_name": name, "index_key": random_key(), "metric": "manhattan"},
+    )
+    error(r, 422)
+    assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
+
+
+def test_pq_dim_checked_against_dimension_fixed_by_first_upsert(make_index):
+    idx = make_index(index_type="ivfpq", pq_dim=3)
+    r = idx.post("vectors/upsert", items=[{"id": "a", "vector": [1.0] * 8}])
+    error(r, 422)
+    assert idx.count() == 0
+    idx.upsert([{"id": "a", "vector": [1.0] * 9}])
+    assert idx.describe()["index_config"]["dimension"] == 9
+
+
+def test_training_status_shape(http):
+    body = ok(http.get("/v1/indexes/training-status"))
+    assert set(body) == {"training_indexes", "retrain_threshold"}
+    assert isinstance(body["training_indexes"], list)
+    assert body["retrain_threshold"] == AUTO_TRAIN_THRESHOLD
+
+
+def _files(root: Path) -> tuple[set[Path], set[Path]]:
+    files, dirs = set(), set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirs.update(Path(dirpath) / d for d in dirnames)
+        files.update(Path(dirpath) / f for f in filenames)
+    return files, dirs
+
+
+def test_delete_index_removes_every_stored_byte(service, make_index):
+    files_before, dirs_before = _files(service.storage)
+    idx = make_index(dimension=8)
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(80, 8)).astype(np.float32)
+    # Single-item upserts: each shard's WAL rolls (every 16 records) into a snapshot.
+    for j in range(40):
+        idx.upsert(
+            [{"id": f"d{j}", "vector": vectors[j].tolist(), "contents": "x", "metadata": {"j": j}}]
+        )
+    idx.upsert_arrays([f"d{j}" for j in range(40, 80)], vectors[40:])
+    idx.train(n_lists=2)
+    idx.delete_ids(["d0", "d1"])
+
+    files_during, _ = _files(service.storage)
+    new_files = files_during - files_before
+    assert any("snap" in p.parts for p in new_files), sorted(map(str, new_files))
+    assert any("wal" in p.parts for p in new_files)
+    assert any("template" in p.parts for p in new_files)
+
+    ok(idx.post("indexes/delete"))
+    files_after, dirs_after = _files(service.storage)
+    assert not (files_after & new_files), "files of the deleted index remain"
+    assert not (files_after - files_before), sorted(map(str, files_after - files_before))
+    assert not (dirs_after - dirs_before), sorted(map(str, dirs_after - dirs_before))
+    needle = idx.name.encode()
+    for path in files_after:
+        assert needle not in path.read_bytes(), f"{path} still names the deleted index"
+
+
+def test_deleted_index_cannot_be_reached_with_its_old_key_after_recreation(make_index, http):
+    idx = make_index(dimension=4)
+    idx.upsert([{"id": "old", "vector": [1.0, 2.0, 3.0, 4.0], "contents": "old contents"}])
+    ok(idx.post("indexes/delete"))
+    again = create_index(http, name=idx.name, dimension=4)
+    try:
+        error(idx.post("vectors/get", ids=["old"]), 401)
+        assert again.get(["old"]) == []
+        assert again.count() == 0
+    finally:
+        again.drop()
