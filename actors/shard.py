@@ -34,6 +34,8 @@ from actors.types import (
     ShardStats,
     UpsertBatch,
     auto_nprobe,
+    from_wire,
+    to_wire,
 )
 
 
@@ -253,6 +255,10 @@ class Shard:
                 self.store.delete(persistence.wal_key(self.index_id, self.shard_no, gen))
 
     # -- reads ------------------------------------------------------------------------------
+    def search_wire(self, key: bytes, request: bytes) -> bytes:
+        """``search`` for the gateway: a wire-encoded SearchRequest in, the result out."""
+        return to_wire(self.search(key, from_wire(request)))
+
     def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
         """Local top-k for a batch of queries, plus how many live items match the filter."""
         with self._reading(key):

@@ -29,7 +29,9 @@ from actors.types import (
     IndexMeta,
     SearchRequest,
     SearchResult,
+    from_wire,
     shard_assignment,
+    to_wire,
 )
 
 log = logging.getLogger("vaultvec.engine")
@@ -204,9 +206,11 @@ class Engine:
         nprobe = max(1, min(nprobe, n_lists))
         lists, coarse = self.plan(cv, x, nprobe)
         req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata, explicit)
-        parts: list[tuple[SearchResult, int]] = await self.fan_out(
-            [partial(s.search.remote, cv.key, req) for s in cv.view.shards]
+        wire = to_wire(req)
+        answers = await self.fan_out(
+            [partial(s.search_wire.remote, cv.key, wire) for s in cv.view.shards]
         )
+        parts: list[tuple[SearchResult, int]] = [from_wire(a) for a in answers]
         hits = merge([p[0] for p in parts], k, with_metadata)
         # A shard on another training version assigned lists itself (results stay right);
         # refresh the view so the next plans use the new quantizer.
