@@ -120,6 +120,10 @@ class Engine:
         self._views[name] = cached
         return cached
 
+    async def reload(self, cv: CachedView) -> CachedView:
+        """The index's view fetched anew from the control plane."""
+        return await self._load_view(cv.view.meta.name, cv.key)
+
     def forget(self, name: str) -> None:
         self._views.pop(name, None)
         self._metas.pop(name, None)
@@ -127,7 +131,7 @@ class Engine:
     async def refresh_if_stale(self, cv: CachedView, versions: Sequence[int]) -> CachedView:
         """The view, reloaded when a shard reports another training version than it holds."""
         if any(v != cv.config.version for v in versions):
-            return await self._load_view(cv.view.meta.name, cv.key)
+            return await self.reload(cv)
         return cv
 
     # -- fan-out ----------------------------------------------------------------------------

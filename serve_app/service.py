@@ -1,0 +1,96 @@
+"""Request semantics shared by every transport (JSON routes, binary routes, text queries).
+
+Routes decode their wire format into numpy arrays and plain lists, then call these; the
+validation rules, defaults and error messages live here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from actors.errors import InvalidRequest
+from actors.types import UpsertBatch
+from serve_app.engine import CachedView, Engine, Hits
+from serve_app.vectors import check_dimension, to_index_space
+
+DEFAULT_TOP_K = 100
+DEFAULT_QUERY_INCLUDE = ("distance", "metadata")
+
+
+def unique_ids(ids: Sequence[str], field: str = "ids") -> None:
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise InvalidRequest(f"{field} contains the id {dup!r} more than once")
+    if any(not i for i in ids):
+        raise InvalidRequest(f"{field} contains an empty id")
+
+
+def resolve_top_k(top_k: int | None, max_top_k: int) -> int:
+    k = DEFAULT_TOP_K if top_k is None else top_k
+    if not 1 <= k <= max_top_k:
+        raise InvalidRequest(f"top_k must be between 1 and {max_top_k}")
+    return k
+
+
+async def upsert(
+    engine: Engine,
+    cv: CachedView,
+    ids: list[str],
+    x: np.ndarray,
+    metadata: Sequence[bytes | None],
+    contents: Sequence[str | None],
+    field: str = "items vectors",
+) -> int:
+    """Store ``ids`` with vectors ``x`` (n, d); returns the number upserted."""
+    unique_ids(ids, "items ids")
+    cfg = cv.config
+    if cfg.dimension is None:  # the first upsert fixes the dimension
+        if cfg.index_type == "ivfpq" and cfg.pq_dim and x.shape[1] % cfg.pq_dim:
+            raise InvalidRequest(f"pq_dim {cfg.pq_dim} must divide the dimension {x.shape[1]}")
+        await engine.call(engine.control.set_dimension.remote(cfg.name, cv.key, x.shape[1]))
+        cv = await engine.reload(cv)
+        cfg = cv.config
+    check_dimension(x, cfg.dimension, field)
+    x, norms = to_index_space(x, cfg.metric, field)
+
+    def batch(rows: np.ndarray) -> UpsertBatch:
+        r = rows.tolist()
+        return UpsertBatch(
+            ids=tuple(ids[i] for i in r),
+            vectors=x[rows],
+            norms=None if norms is None else norms[rows],
+            metadata=tuple(metadata[i] for i in r),
+            contents=tuple(contents[i] for i in r),
+        )
+
+    total = await engine.upsert_batches(cv, ids, batch)
+    if total < 0:
+        total, _ = await engine.count(cv)
+    engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
+    return len(ids)
+
+
+async def search(
+    engine: Engine,
+    cv: CachedView,
+    x: np.ndarray,
+    top_k: int,
+    n_probes: int | None,
+    filters: dict[str, Any] | None,
+    greedy: bool | None,
+    with_metadata: bool,
+    field: str = "query_vectors",
+) -> Hits:
+    """Top-k for query matrix ``x`` (nq, d), ascending distance, in index space."""
+    cfg = cv.config
+    if cfg.dimension is None:  # nothing was ever stored
+        empty = np.empty((len(x), top_k), dtype=object)
+        dist = np.full((len(x), top_k), np.inf, dtype=np.float32)
+        return Hits(dist, empty, empty if with_metadata else None, np.zeros(len(x), dtype=np.int64))
+    check_dimension(x, cfg.dimension, field)
+    x, _ = to_index_space(x, cfg.metric, field)
+    return await engine.search(cv, x, top_k, n_probes or 0, filters, bool(greedy), with_metadata)
