@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,13 @@ def test_rebuild_keeps_writes_made_during_it(tmp_path: Path) -> None:
     reloaded = new_shard(tmp_path)
     assert reloaded.stats(KEY).count == expected and reloaded.version == 2
     assert reloaded.partition is not None and reloaded.partition.nlist == 64
+
+
+def test_idle_shard_is_evicted_and_unlocks_again(tmp_path: Path) -> None:
+    shard = new_shard(tmp_path, idle_ttl_s=1.0)
+    shard.upsert(KEY, batch(clustered(20, 8), 0))
+    deadline = time.monotonic() + 10
+    while shard._loaded and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not shard._loaded and shard.partition is None and len(shard.items) == 0
+    assert shard.stats(KEY).count == 20  # the next call with the key unlocks it again
