@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,6 +39,7 @@ log = logging.getLogger("vaultvec.engine")
 T = TypeVar("T")
 
 SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
+REFRESH_S = 0.5
 
 
 @dataclass
@@ -46,6 +48,7 @@ class CachedView:
     key: bytes
     quantizer: faiss.IndexFlatL2 | None
     counts: dict[int, int] = field(default_factory=dict)
+    loaded_at: float = field(default_factory=time.monotonic)
 
     @property
     def config(self) -> IndexConfig:
@@ -128,9 +131,17 @@ class Engine:
         self._views.pop(name, None)
         self._metas.pop(name, None)
 
-    async def refresh_if_stale(self, cv: CachedView, versions: Sequence[int]) -> CachedView:
-        """The view, reloaded when a shard reports another training version than it holds."""
-        if any(v != cv.config.version for v in versions):
+    async def refresh_if_stale(
+        self, cv: CachedView, versions: Sequence[int], *, now: bool = False
+    ) -> CachedView:
+        """The view, reloaded when a shard reports another training version than it holds.
+
+        While a training swap is under way shards and config disagree for a while; reloading
+        at most every REFRESH_S (unless ``now``) keeps that window from costing a control call
+        per request (shards answer correctly meanwhile, assigning lists themselves).
+        """
+        stale = any(v != cv.config.version for v in versions)
+        if stale and (now or time.monotonic() - cv.loaded_at >= REFRESH_S):
             return await self.reload(cv)
         return cv
 
@@ -266,7 +277,7 @@ class Engine:
         """Items in the index, and the view refreshed if a shard reported a newer version."""
         stats = await self.all_shards(cv, "stats")
         cv.counts = {s: st.count for s, st in enumerate(stats)}
-        fresh = await self.refresh_if_stale(cv, [st.version for st in stats])
+        fresh = await self.refresh_if_stale(cv, [st.version for st in stats], now=True)
         return sum(cv.counts.values()), fresh
 
     async def fetch(
