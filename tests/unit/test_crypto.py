@@ -213,7 +213,8 @@ def test_round_trip(plaintext: bytes) -> None:
     key = derive_keys(KEY, "idx", SALT).data_key
     blob = seal(key, plaintext, AAD)
     assert len(blob) == len(plaintext) + 12 + 16
-    assert plaintext not in blob or plaintext == b""
+    if len(plaintext) >= 16:  # shorter strings turn up in random bytes by chance
+        assert plaintext not in blob
     assert open_sealed(key, blob, AAD) == plaintext
 
 
