@@ -59,7 +59,7 @@ class Shard:
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
         self.idle_ttl_s = idle_ttl_s
-        faiss.omp_set_num_threads(max(1, threads))
+        self.threads = max(1, threads)
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False
@@ -261,6 +261,8 @@ class Shard:
 
     def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
         """Local top-k for a batch of queries, plus how many live items match the filter."""
+        # OpenMP's thread count is per calling thread, and Ray runs calls on a pool of threads.
+        faiss.omp_set_num_threads(self.threads)
         with self._reading(key):
             nq, k = len(req.queries), req.k
             part = self.partition
