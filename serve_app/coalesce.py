@@ -1,0 +1,67 @@
+"""Continuous micro-batching: concurrent single requests -> batched calls of one function.
+
+Serve's ``@serve.batch`` closes a batch after ``batch_wait_timeout_s`` even while the previous
+batch is still running, so under steady concurrent load (requests spread out in time, each
+model call far longer than the wait) its batches stay at about one request. Here a batch is
+closed when the function becomes free: everything that arrived during a call goes into the next
+one (up to ``max_batch_size``), so the busier the model, the larger its batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class Coalescer(Generic[In, Out]):
+    """``await submit(x)`` returns ``run([.., x, ..])[i]``; one ``run`` at a time.
+
+    ``wait_s``: when ``run`` is idle, how long a new request waits for company before its
+    batch starts (0 = at once). A failing ``run`` fails every request of that batch only.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[In]], Awaitable[list[Out]]],
+        max_batch_size: int = 32,
+        wait_s: float = 0.0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.wait_s = wait_s
+        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def submit(self, item: In) -> Out:
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        if self.wait_s > 0:
+            await asyncio.sleep(self.wait_s)
+        while self._pending:
+            batch = [(x, f) for x, f in self._pending[: self.max_batch_size] if not f.done()]
+            del self._pending[: self.max_batch_size]
+            if not batch:  # every caller of this slice went away
+                continue
+            try:
+                results = await self._run([x for x, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
+            except Exception as exc:
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(exc)
+                continue
+            for (_, f), result in zip(batch, results):
+                if not f.done():
+                    f.set_result(result)

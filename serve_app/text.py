@@ -1,0 +1,83 @@
+"""Text on the gateway: item contents and query text -> vectors, through the Embedder deployment.
+
+Routes call these with the Embedder's DeploymentHandle (``http.embedder_of``) and then use the
+usual ``service.upsert`` / ``service.search`` on the vectors. Error messages never quote the
+text itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from actors.errors import InvalidRequest
+from actors.types import IndexConfig
+from serve_app.service import unique_ids
+from serve_app.vectors import as_matrix, check_dimension
+
+NO_EMBEDDER = "text embedding is not enabled on this server"
+
+
+def _handle(embedder: Any) -> Any:
+    if embedder is None:
+        raise InvalidRequest(NO_EMBEDDER)
+    return embedder
+
+
+def index_model(cfg: IndexConfig, what: str) -> str:
+    """The index's embedding model, or a 422 saying ``what`` needs one."""
+    if not cfg.embedding_model:
+        raise InvalidRequest(f"{what} needs an index created with an embedding_model")
+    return cfg.embedding_model
+
+
+async def model_dimension(embedder: Any, model: str) -> int:
+    """The model's output dimension; 422 naming the available models if it is unknown."""
+    return int(await _handle(embedder).dimension.remote(model))
+
+
+async def embed_query(embedder: Any, model: str, text: str) -> np.ndarray:
+    """One query text -> (1, d) float32 (the Embedder coalesces concurrent calls)."""
+    if not text.strip():
+        raise InvalidRequest("query_contents is empty")
+    vec = await _handle(embedder).embed_query.remote(model, text)
+    return np.asarray(vec, dtype=np.float32).reshape(1, -1)
+
+
+async def item_vectors(
+    embedder: Any,
+    cfg: IndexConfig,
+    ids: Sequence[str],
+    vectors: Sequence[Any | None],
+    contents: Sequence[str | None],
+) -> np.ndarray:
+    """The (n, d) float32 matrix of an upsert: items that carry a vector keep it; the others
+    are embedded from their contents, all in one model call."""
+    text_rows = [i for i, v in enumerate(vectors) if v is None]
+    if not text_rows:
+        return as_matrix(list(vectors), "items vectors")[0]
+    if not cfg.embedding_model:
+        raise InvalidRequest(
+            f"item {ids[text_rows[0]]!r} has no vector and the index has no embedding model"
+        )
+    empty = next((i for i in text_rows if not (contents[i] or "").strip()), None)
+    if empty is not None:
+        raise InvalidRequest(f"item {ids[empty]!r} has neither a vector nor contents to embed")
+    unique_ids(ids, "items ids")  # everything cheap is checked before the model runs
+    vec_rows = [i for i, v in enumerate(vectors) if v is not None]
+    given = None
+    if vec_rows:
+        given, _ = as_matrix([vectors[i] for i in vec_rows], "items vectors")
+        check_dimension(given, cfg.dimension, "items vectors")
+    texts = [str(contents[i]) for i in text_rows]
+    emb = await _handle(embedder).embed_batch.remote(cfg.embedding_model, texts)
+    emb = np.asarray(emb, dtype=np.float32)
+    if given is None:
+        return emb
+    check_dimension(given, emb.shape[1], "items vectors")
+    x = np.empty((len(ids), emb.shape[1]), dtype=np.float32)
+    x[vec_rows] = given
+    x[text_rows] = emb
+    return x
