@@ -1,0 +1,200 @@
+"""``vaultvec bulk-query`` and ``vaultvec bulk-upsert``: argument parsing around cluster.bulk."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cluster import bulk
+from cluster.bulk import DEFAULT_BATCH, DEFAULT_CONCURRENCY
+
+EPILOG = """\
+transports: http (default; the Python client: binary routes for batches of 64+ vectors, or
+--wire json/binary) or ray (--ray-address: join the Ray cluster and call the Serve app through
+a DeploymentHandle, no HTTP; the API key is not used there, the index key is verified).
+Ctrl-C once: finish the batches in flight, write them and stop; twice: abort those in flight.
+Re-running the same command resumes after the rows already written (see the progress file).
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", required=True, help="index name")
+    p.add_argument(
+        "--index-key", help="the index key, 64 hex characters (default: $VAULTVEC_INDEX_KEY)"
+    )
+    p.add_argument(
+        "--url", default=None, help="service URL (default $VAULTVEC_URL or http://127.0.0.1:8000)"
+    )
+    p.add_argument("--api-key", help="API key (default: $VAULTVEC_API_KEY)")
+    p.add_argument("--transport", choices=("http", "ray"), default="http")
+    p.add_argument(
+        "--wire", choices=("auto", "json", "binary"), default="auto", help="HTTP body format"
+    )
+    p.add_argument(
+        "--ray-address", help="Ray cluster to join with --transport ray (default: $RAY_ADDRESS)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH,
+        help=f"vectors per request ({DEFAULT_BATCH})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"requests in flight ({DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument("--restart", action="store_true", help="ignore earlier progress, start over")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_commands(sub: Any) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    q = sub.add_parser(
+        "bulk-query",
+        help="query every vector of a file, results to .npy or .jsonl",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    q.add_argument("input", type=Path, help="queries: .npy, .fvecs, .jsonl or .tsv")
+    q.add_argument(
+        "output",
+        type=Path,
+        help=".npy (structured: ids, distances; np.load(path)['ids']) or .jsonl (a line per query)",
+    )
+    _common(q)
+    q.add_argument("--top-k", type=int, default=10)
+    q.add_argument("--n-probes", type=int, default=None, help="default: automatic")
+    q.add_argument("--greedy", action="store_true")
+    q.add_argument("--filters", help="a JSON filter applied to every query")
+    q.add_argument("--metadata", action="store_true", help="include metadata (.jsonl output)")
+    q.add_argument("--int-ids", action="store_true", help=".npy: ids as int64 (-1 = none)")
+    q.add_argument(
+        "--chunk-rows", type=int, default=100_000, help="rows per output chunk / progress record"
+    )
+    q.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    q.set_defaults(func=_bulk_query)
+
+    u = sub.add_parser(
+        "bulk-upsert",
+        help="upsert every vector of a file",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    u.add_argument(
+        "input",
+        type=Path,
+        help=".npy, .fvecs, .jsonl (lists, or objects with vector, id, metadata, contents) or .tsv",
+    )
+    _common(u)
+    u.add_argument(
+        "--id-column", type=int, help=".tsv: the column holding ids (e.g. 0, or -1 for the last)"
+    )
+    u.add_argument(
+        "--id-start", type=int, default=0, help="ids = str(id_start + row) when the input has none"
+    )
+    u.add_argument(
+        "--progress-file", type=Path, help="default: <input>.upsert-<index>.progress.json"
+    )
+    u.set_defaults(func=_bulk_upsert)
+
+
+def _transport(args: argparse.Namespace) -> Any:
+    key = args.index_key or os.environ.get("VAULTVEC_INDEX_KEY")
+    if not key:
+        raise SystemExit("no index key: pass --index-key or set VAULTVEC_INDEX_KEY")
+    if args.transport == "ray":
+        address = args.ray_address or os.environ.get("RAY_ADDRESS")
+        return bulk.RayTransport.connect(address, args.index, key)
+    api_key = args.api_key or os.environ.get("VAULTVEC_API_KEY")
+    if not api_key:
+        raise SystemExit("no API key: pass --api-key or set VAULTVEC_API_KEY")
+    url = args.url or os.environ.get("VAULTVEC_URL") or "http://127.0.0.1:8000"
+    return bulk.HttpTransport(
+        url,
+        api_key.split(",")[0].strip(),
+        args.index,
+        key,
+        wire=args.wire,
+        max_connections=max(16, args.concurrency),
+    )
+
+
+def _finish(report: bulk.Report) -> int:
+    for note in report.notes:
+        print(note, file=sys.stderr)
+    print(report.summary(), file=sys.stderr, flush=True)
+    return bulk.exit_code(report)
+
+
+def _bulk_query(args: argparse.Namespace) -> int:
+    include = ("distance", "metadata") if args.metadata else ("distance",)
+    options = bulk.QueryOptions(
+        top_k=args.top_k,
+        n_probes=args.n_probes,
+        filters=orjson.loads(args.filters) if args.filters else None,
+        greedy=True if args.greedy else None,
+        include=include,
+    )
+    transport = _transport(args)
+
+    async def job(stop: Any) -> bulk.Report:
+        try:
+            return await bulk.bulk_query(
+                args.input,
+                args.output,
+                transport,
+                options,
+                index=args.index,
+                batch_size=args.batch_size,
+                concurrency=args.concurrency,
+                chunk_rows=args.chunk_rows,
+                int_ids=args.int_ids,
+                restart=args.restart,
+                overwrite=args.overwrite,
+                show_progress=not args.no_progress,
+                stop=stop,
+            )
+        finally:
+            await transport.close()
+
+    return _run(job)
+
+
+def _bulk_upsert(args: argparse.Namespace) -> int:
+    transport = _transport(args)
+
+    async def job(stop: Any) -> bulk.Report:
+        try:
+            return await bulk.bulk_upsert(
+                args.input,
+                transport,
+                index=args.index,
+                progress_file=args.progress_file,
+                batch_size=args.batch_size,
+                concurrency=args.concurrency,
+                id_column=args.id_column,
+                id_start=args.id_start,
+                restart=args.restart,
+                show_progress=not args.no_progress,
+                stop=stop,
+            )
+        finally:
+            await transport.close()
+
+    return _run(job)
+
+
+def _run(job: Any) -> int:
+    try:
+        report = bulk.run_interruptible(job)
+    except (ValueError, FileExistsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _finish(report)

@@ -1,0 +1,278 @@
+"""The client's requests and response decoding, without I/O (shared by Client and AsyncClient).
+
+Each operation becomes a ``Plan``: the HTTP calls to make (one, or several for a batch larger
+than one request may carry) and how to combine their decoded answers. Batches of at least
+``binary_threshold`` vectors go to the binary routes (base64 little-endian float32 in, a
+counts array + flat ids + base64 distances out); smaller ones to the JSON routes.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from cluster.errors import InvalidRequestError
+
+T = TypeVar("T")
+F32 = np.dtype("<f4")
+DEFAULT_TOP_K = 100  # the server's default, for padding JSON answers
+
+
+@dataclass(frozen=True)
+class Call:
+    path: str
+    body: dict[str, Any] | None = None
+    method: str = "POST"
+    decode: Callable[[Any], Any] = field(default=lambda body: body)
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    calls: list[Call]
+    combine: Callable[[list[Any]], T]
+
+
+def single(call: Call) -> Plan[Any]:
+    return Plan([call], lambda parts: parts[0])
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """Nearest neighbours as arrays, ascending distance.
+
+    A batch (2-D input) gives ``ids`` (nq, k) object and ``distances`` (nq, k) float32 where
+    row q holds ``counts[q]`` results then padding (id None, distance +inf); ``metadata``
+    (nq, k) object of dicts when asked for. A single query (1-D input) gives 1-D arrays of
+    exactly its results.
+    """
+
+    ids: np.ndarray
+    distances: np.ndarray | None
+    counts: np.ndarray
+    metadata: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+# -- encoding -------------------------------------------------------------------------------
+def as_f32_matrix(vectors: Any) -> tuple[np.ndarray, bool]:
+    """Any array-like of numbers -> (C-contiguous little-endian float32 (n, d), was 1-D)."""
+    x = np.asarray(vectors)
+    single_row = x.ndim == 1
+    if single_row:
+        x = x[None, :]
+    if x.ndim != 2:
+        raise ValueError("vectors must be one vector or a 2-D array of vectors")
+    return np.ascontiguousarray(x, dtype=F32), single_row
+
+
+def b64(x: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(x, dtype=F32).data).decode("ascii")
+
+
+def chunks(n: int, rows: int) -> list[slice]:
+    rows = max(1, rows)
+    return [slice(s, min(n, s + rows)) for s in range(0, n, rows)]
+
+
+def rows_per_request(dim: int, max_request_bytes: int, binary: bool) -> int:
+    """Rows that fit in a request body: base64 float32 (binary) or JSON numbers, which orjson
+    writes with up to ~20 characters each."""
+    per_row = dim * 4 * 4 // 3 if binary else dim * 20
+    return max(1, max_request_bytes // (per_row + 64))
+
+
+def drop_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+# -- queries --------------------------------------------------------------------------------
+def query(
+    index: dict[str, str],
+    vectors: Any,
+    top_k: int | None,
+    options: dict[str, Any],
+    binary: bool | None,
+    binary_threshold: int,
+    max_request_bytes: int,
+) -> Plan[QueryResult]:
+    x, single_row = as_f32_matrix(vectors)
+    use_binary = binary if binary is not None else len(x) >= binary_threshold
+    params = drop_none(top_k=top_k, **options)
+    parts = chunks(len(x), rows_per_request(x.shape[1], max_request_bytes, use_binary))
+    calls = []
+    for part in parts:
+        q = x[part]
+        if use_binary:
+            body = {**index, "query_vectors": b64(q), "shape": list(q.shape), **params}
+            calls.append(Call("/v1/vectors/query_binary", body, decode=decode_binary_query))
+        else:
+            qv = q[0].tolist() if single_row else q.tolist()
+            body = {**index, "query_vectors": qv, **params}
+            k = top_k if top_k is not None else DEFAULT_TOP_K
+            decode = _json_query_decoder(len(q), k, single_row)
+            calls.append(Call("/v1/vectors/query", body, decode=decode))
+
+    def combine(results: list[QueryResult]) -> QueryResult:
+        r = results[0] if len(results) == 1 else concat(results)
+        return trim_single(r) if single_row else r
+
+    return Plan(calls, combine)
+
+
+def decode_binary_query(body: dict[str, Any]) -> QueryResult:
+    nq, k = int(body["nq"]), int(body["top_k"])
+    counts = np.asarray(body["counts"], dtype=np.int64)
+    dist = None
+    if body.get("distances") is not None:
+        raw = base64.b64decode(body["distances"])
+        dist = np.frombuffer(raw, dtype=F32).reshape(nq, k)
+    meta = body.get("metadata")
+    return QueryResult(
+        scatter(body["ids"], counts, k),
+        dist,
+        counts,
+        None if meta is None else scatter(meta, counts, k),
+    )
+
+
+def scatter(flat: list[Any], counts: np.ndarray, k: int) -> np.ndarray:
+    """Flat per-query results -> (nq, k) object array padded with None."""
+    nq = len(counts)
+    out = np.empty((nq, k), dtype=object)
+    if nq and int(counts.min()) == k:
+        out.ravel()[:] = flat
+    else:
+        out[np.arange(k)[None, :] < counts[:, None]] = flat
+    return out
+
+
+def _json_query_decoder(nq: int, k: int, single_row: bool) -> Callable[[Any], QueryResult]:
+    def decode(body: dict[str, Any]) -> QueryResult:
+        rows = [body["results"]] if single_row else body["results"]
+        width = max([k, *(len(r) for r in rows)])
+        ids = np.empty((nq, width), dtype=object)
+        dist = np.full((nq, width), np.inf, dtype=np.float32)
+        meta = np.empty((nq, width), dtype=object)
+        has_dist = has_meta = False
+        counts = np.zeros(nq, dtype=np.int64)
+        for q, row in enumerate(rows):
+            counts[q] = len(row)
+            for j, entry in enumerate(row):
+                ids[q, j] = entry["id"]
+                if "distance" in entry:
+                    dist[q, j] = entry["distance"]
+                    has_dist = True
+                if "metadata" in entry:
+                    meta[q, j] = entry["metadata"]
+                    has_meta = True
+        return QueryResult(ids, dist if has_dist else None, counts, meta if has_meta else None)
+
+    return decode
+
+
+def concat(results: Sequence[QueryResult]) -> QueryResult:
+    width = max(r.ids.shape[1] for r in results)
+
+    def pad(a: np.ndarray, fill: Any) -> np.ndarray:
+        if a.shape[1] == width:
+            return a
+        out = np.full((a.shape[0], width), fill, dtype=a.dtype)
+        out[:, : a.shape[1]] = a
+        return out
+
+    def cat(arrays: list[np.ndarray | None], fill: Any) -> np.ndarray | None:
+        if any(a is None for a in arrays):
+            return None
+        return np.concatenate([pad(a, fill) for a in arrays if a is not None])
+
+    ids = cat([r.ids for r in results], None)
+    assert ids is not None
+    return QueryResult(
+        ids,
+        cat([r.distances for r in results], np.inf),
+        np.concatenate([r.counts for r in results]),
+        cat([r.metadata for r in results], None),
+    )
+
+
+def trim_single(r: QueryResult) -> QueryResult:
+    n = int(r.counts[0])
+    return QueryResult(
+        r.ids[0, :n],
+        None if r.distances is None else r.distances[0, :n],
+        r.counts,
+        None if r.metadata is None else r.metadata[0, :n],
+    )
+
+
+# -- upserts --------------------------------------------------------------------------------
+def upsert(
+    index: dict[str, str],
+    ids: Sequence[str],
+    vectors: Any,
+    metadata: Sequence[dict[str, Any] | None] | None,
+    contents: Sequence[str | None] | None,
+    binary: bool | None,
+    binary_threshold: int,
+    max_request_bytes: int,
+) -> Plan[int]:
+    x, _ = as_f32_matrix(vectors)
+    ids = [str(i) for i in ids]
+    if len(ids) != len(x):
+        raise ValueError(f"{len(ids)} ids for {len(x)} vectors")
+    for name, column in (("metadata", metadata), ("contents", contents)):
+        if column is not None and len(column) != len(ids):
+            raise ValueError(f"{len(column)} {name} entries for {len(ids)} ids")
+    use_binary = binary if binary is not None else len(x) >= binary_threshold
+    parts = chunks(len(x), rows_per_request(x.shape[1], max_request_bytes, use_binary))
+    if len(parts) > 1 and len(set(ids)) != len(ids):  # split requests could not see it
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise InvalidRequestError(f"items ids contains the id {dup!r} more than once")
+    calls = []
+    for part in parts:
+        meta = None if metadata is None else list(metadata[part])
+        cont = None if contents is None else list(contents[part])
+        if use_binary:
+            body = {
+                **index,
+                "ids": ids[part],
+                "vectors": b64(x[part]),
+                "shape": [len(ids[part]), x.shape[1]],
+            }
+            body.update(drop_none(metadata=meta, contents=cont))
+            calls.append(Call("/v1/vectors/upsert_binary", body, decode=upserted))
+        else:
+            items = []
+            for j, i in enumerate(range(part.start, part.stop)):
+                item: dict[str, Any] = {"id": ids[i], "vector": x[i].tolist()}
+                if meta is not None and meta[j] is not None:
+                    item["metadata"] = meta[j]
+                if cont is not None and cont[j] is not None:
+                    item["contents"] = cont[j]
+                items.append(item)
+            calls.append(Call("/v1/vectors/upsert", {**index, "items": items}, decode=upserted))
+    return Plan(calls, sum)
+
+
+def upserted(body: dict[str, Any]) -> int:
+    return int(body["upserted_count"])
+
+
+# -- everything else ------------------------------------------------------------------------
+def get(index: dict[str, str], ids: Sequence[str], include: Sequence[str] | None) -> Plan[Any]:
+    def decode(body: dict[str, Any]) -> list[dict[str, Any]]:
+        out = body["results"]
+        for item in out:
+            if item.get("vector") is not None:
+                item["vector"] = np.asarray(item["vector"], dtype=np.float32)
+        return list(out)
+
+    body = {**index, "ids": [str(i) for i in ids], **drop_none(include=include)}
+    return single(Call("/v1/vectors/get", body, decode=decode))

@@ -1,0 +1,179 @@
+"""Index handles of the Python client: ``Index`` (sync) and ``AsyncIndex`` (asyncio).
+
+Both build the same request plans (cluster.calls); ``Index`` runs them on a ``Client``,
+``AsyncIndex`` awaits them on an ``AsyncClient``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from cluster import calls
+from cluster.calls import Call, Plan, QueryResult
+
+if TYPE_CHECKING:
+    from cluster.client import AsyncClient, Client
+
+
+class _IndexPlans:
+    """What an index handle sends; ``Index`` runs the plans synchronously, ``AsyncIndex``
+    awaits them."""
+
+    client: Client | AsyncClient
+
+    def __init__(self, client: Any, name: str, key: str) -> None:
+        self.client = client
+        self.name = name
+        self.key = key
+        self._ref = {"index_name": name, "index_key": key}
+
+    def __repr__(self) -> str:  # never the key
+        return f"{type(self).__name__}({self.name!r})"
+
+    def _upsert(self, ids: Any, vectors: Any, metadata: Any, contents: Any, binary: Any) -> Plan:
+        c = self.client
+        return calls.upsert(
+            self._ref,
+            ids,
+            vectors,
+            metadata,
+            contents,
+            binary,
+            c.binary_threshold,
+            c.max_request_bytes,
+        )
+
+    def _query(self, vectors: Any, top_k: int | None, binary: Any, **options: Any) -> Plan:
+        c = self.client
+        options = calls.drop_none(**options)
+        return calls.query(
+            self._ref, vectors, top_k, options, binary, c.binary_threshold, c.max_request_bytes
+        )
+
+    def _call(self, route: str, **fields: Any) -> Call:
+        return Call(f"/v1/{route}", {**self._ref, **calls.drop_none(**fields)})
+
+
+class Index(_IndexPlans):
+    client: Client
+
+    def upsert(
+        self,
+        ids: Sequence[Any],
+        vectors: Any,
+        metadata: Sequence[dict[str, Any] | None] | None = None,
+        contents: Sequence[str | None] | None = None,
+        *,
+        binary: bool | None = None,
+    ) -> int:
+        """Store (or replace) ``ids`` with the rows of ``vectors`` (n, d); returns the count."""
+        return self.client.run(self._upsert(ids, vectors, metadata, contents, binary))
+
+    def query(
+        self,
+        vectors: Any,
+        top_k: int | None = None,
+        *,
+        n_probes: int | None = None,
+        filters: dict[str, Any] | None = None,
+        greedy: bool | None = None,
+        include: Sequence[str] | None = None,
+        binary: bool | None = None,
+    ) -> QueryResult:
+        """Nearest neighbours of one vector (1-D) or a batch (2-D); see ``QueryResult``."""
+        return self.client.run(
+            self._query(
+                vectors,
+                top_k,
+                binary,
+                n_probes=n_probes,
+                filters=filters,
+                greedy=greedy,
+                include=None if include is None else list(include),
+            )
+        )
+
+    def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
+        """Items by id (unknown ids omitted); ``vector`` comes back as a float32 array."""
+        return self.client.run(calls.get(self._ref, ids, include))
+
+    def delete(self, ids: Sequence[str]) -> int:
+        return int(self.client.call(self._call("vectors/delete", ids=list(ids)))["deleted_count"])
+
+    def train(self, **params: Any) -> str:
+        """n_lists, batch_size, max_iters, tolerance, max_memory; "success" or "in_progress"."""
+        return str(self.client.call(self._call("indexes/train", **params))["status"])
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.client.call(self._call("indexes/describe")))
+
+    def list_ids(self) -> list[str]:
+        return list(self.client.call(self._call("vectors/list_ids"))["ids"])
+
+    def num_vectors(self) -> int:
+        return int(self.client.call(self._call("vectors/num_vectors"))["result"])
+
+    def drop(self) -> None:
+        """Delete the index and every stored byte of it."""
+        self.client.call(self._call("indexes/delete"))
+
+
+class AsyncIndex(_IndexPlans):
+    client: AsyncClient
+
+    async def upsert(
+        self,
+        ids: Sequence[Any],
+        vectors: Any,
+        metadata: Sequence[dict[str, Any] | None] | None = None,
+        contents: Sequence[str | None] | None = None,
+        *,
+        binary: bool | None = None,
+    ) -> int:
+        return await self.client.run(self._upsert(ids, vectors, metadata, contents, binary))
+
+    async def query(
+        self,
+        vectors: Any,
+        top_k: int | None = None,
+        *,
+        n_probes: int | None = None,
+        filters: dict[str, Any] | None = None,
+        greedy: bool | None = None,
+        include: Sequence[str] | None = None,
+        binary: bool | None = None,
+    ) -> QueryResult:
+        return await self.client.run(
+            self._query(
+                vectors,
+                top_k,
+                binary,
+                n_probes=n_probes,
+                filters=filters,
+                greedy=greedy,
+                include=None if include is None else list(include),
+            )
+        )
+
+    async def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
+        return await self.client.run(calls.get(self._ref, ids, include))
+
+    async def delete(self, ids: Sequence[str]) -> int:
+        body = await self.client.call(self._call("vectors/delete", ids=list(ids)))
+        return int(body["deleted_count"])
+
+    async def train(self, **params: Any) -> str:
+        return str((await self.client.call(self._call("indexes/train", **params)))["status"])
+
+    async def describe(self) -> dict[str, Any]:
+        return dict(await self.client.call(self._call("indexes/describe")))
+
+    async def list_ids(self) -> list[str]:
+        return list((await self.client.call(self._call("vectors/list_ids")))["ids"])
+
+    async def num_vectors(self) -> int:
+        return int((await self.client.call(self._call("vectors/num_vectors")))["result"])
+
+    async def drop(self) -> None:
+        await self.client.call(self._call("indexes/delete"))

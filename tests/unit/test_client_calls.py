@@ -1,0 +1,205 @@
+"""The client's request encoding and response decoding (JSON and binary forms), against a small
+in-memory fake of the /v1/vectors routes served through an httpx MockTransport."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from cluster.calls import QueryResult
+from cluster.client import Client, generate_key
+
+
+class FakeServer:
+    """Brute-force euclidean index implementing the wire formats of the real routes."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.x = np.zeros((0, 0), dtype=np.float32)
+        self.meta: dict[str, Any] = {}
+        self.paths: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.paths.append(path)
+        body = orjson.loads(request.content)
+        if path == "/v1/vectors/upsert":
+            items = body["items"]
+            self._add([it["id"] for it in items], np.array([it["vector"] for it in items]))
+            for it in items:
+                self.meta[it["id"]] = it.get("metadata")
+            return self._upserted(len(items))
+        if path == "/v1/vectors/upsert_binary":
+            raw = base64.b64decode(body["vectors"], validate=True)
+            x = np.frombuffer(raw, dtype="<f4").reshape(body["shape"])
+            self._add(body["ids"], x)
+            for i, m in zip(body["ids"], body.get("metadata") or [None] * len(x)):
+                self.meta[i] = m
+            return self._upserted(len(x))
+        if path == "/v1/vectors/query":
+            q = np.asarray(body["query_vectors"], dtype=np.float32)
+            single = q.ndim == 1
+            d, idx = self._search(np.atleast_2d(q), body.get("top_k") or 100)
+            results = [
+                [
+                    {
+                        "id": self.ids[j],
+                        "distance": float(dd),
+                        "metadata": self.meta[self.ids[j]] or {},
+                    }
+                    for dd, j in zip(dr, ir)
+                ]
+                for dr, ir in zip(d, idx)
+            ]
+            return httpx.Response(200, json={"results": results[0] if single else results})
+        if path == "/v1/vectors/query_binary":
+            raw = base64.b64decode(body["query_vectors"], validate=True)
+            q = np.frombuffer(raw, dtype="<f4").reshape(body["shape"])
+            k = body.get("top_k") or 100
+            d, idx = self._search(q, k)
+            dist = np.full((len(q), k), np.inf, dtype="<f4")
+            counts = [len(r) for r in idx]
+            for r, dr in enumerate(d):
+                dist[r, : len(dr)] = dr
+            out = {
+                "nq": len(q),
+                "top_k": k,
+                "counts": counts,
+                "ids": [self.ids[j] for r in idx for j in r],
+                "distances": base64.b64encode(dist.tobytes()).decode(),
+                "metadata": [self.meta[self.ids[j]] or {} for r in idx for j in r],
+            }
+            return httpx.Response(200, json=out)
+        return httpx.Response(404, json={"status_code": 404, "detail": "no route"})
+
+    def _add(self, ids: list[str], x: np.ndarray) -> None:
+        self.ids += ids
+        self.x = np.concatenate([self.x.reshape(-1, x.shape[1]), x.astype(np.float32)])
+
+    def _search(self, q: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        d = np.sqrt(((q[:, None, :] - self.x[None, :, :]) ** 2).sum(-1))
+        order = np.argsort(d, axis=1, kind="stable")[:, :k]
+        return list(np.take_along_axis(d, order, axis=1)), list(order)
+
+    @staticmethod
+    def _upserted(n: int) -> httpx.Response:
+        return httpx.Response(200, json={"status": "success", "message": "", "upserted_count": n})
+
+
+@pytest.fixture()
+def server() -> FakeServer:
+    return FakeServer()
+
+
+def client_for(server: FakeServer, **kw: Any) -> Client:
+    return Client("http://vv.test", "k", transport=httpx.MockTransport(server), **kw)
+
+
+def data(n: int = 300, d: int = 8) -> tuple[list[str], np.ndarray]:
+    x = np.random.default_rng(1).normal(size=(n, d)).astype(np.float32)
+    return [f"id-{i}" for i in range(n)], x
+
+
+def test_generate_key() -> None:
+    key = generate_key()
+    assert re.fullmatch(r"[0-9a-f]{64}", key) and key != generate_key()
+
+
+def test_binary_threshold_picks_the_route(server: FakeServer) -> None:
+    ids, x = data()
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        assert idx.upsert(ids[:63], x[:63]) == 63
+        assert idx.upsert(ids[63:], x[63:]) == len(ids) - 63
+        idx.query(x[:63], top_k=3)
+        idx.query(x[:64], top_k=3)
+        idx.query(x[:64], top_k=3, binary=False)
+        idx.query(x[:2], top_k=3, binary=True)
+    assert server.paths == [
+        "/v1/vectors/upsert",
+        "/v1/vectors/upsert_binary",
+        "/v1/vectors/query",
+        "/v1/vectors/query_binary",
+        "/v1/vectors/query",
+        "/v1/vectors/query_binary",
+    ]
+
+
+def test_binary_upsert_body_round_trips(server: FakeServer) -> None:
+    ids, x = data(100)
+    meta = [{"n": i} if i % 2 else None for i in range(100)]
+    with client_for(server) as c:
+        c.index("i", "ab" * 32).upsert(ids, x.astype(np.float64), metadata=meta)
+    np.testing.assert_array_equal(server.x, x)
+    assert server.ids == ids and server.meta["id-1"] == {"n": 1} and server.meta["id-0"] is None
+
+
+def test_binary_and_json_answers_decode_alike(server: FakeServer) -> None:
+    ids, x = data()
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        idx.upsert(ids, x)
+        a = idx.query(x[:80], top_k=5, binary=True)
+        b = idx.query(x[:80], top_k=5, binary=False)
+    assert isinstance(a, QueryResult) and a.ids.shape == (80, 5) and a.distances is not None
+    assert a.distances.dtype == np.float32 and a.distances.shape == (80, 5)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_allclose(a.distances, b.distances, rtol=1e-6)
+    assert a.ids[3, 0] == "id-3" and a.distances[3, 0] == 0
+    assert (a.counts == 5).all() and a.metadata is not None and a.metadata.shape == (80, 5)
+
+
+def test_short_rows_are_padded(server: FakeServer) -> None:
+    ids, x = data(4)
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        idx.upsert(ids, x)
+        for binary in (True, False):
+            r = idx.query(x[:2], top_k=6, binary=binary)
+            assert r.ids.shape == (2, 6) and list(r.counts) == [4, 4]
+            assert r.ids[0, 4] is None and r.ids[0, 5] is None
+            assert r.distances is not None and np.isinf(r.distances[:, 4:]).all()
+
+
+def test_single_query_gives_flat_arrays(server: FakeServer) -> None:
+    ids, x = data(10)
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        idx.upsert(ids, x)
+        r = idx.query(x[2], top_k=3)
+    assert r.ids.shape == (3,) and r.ids[0] == "id-2"
+    assert r.distances is not None and r.distances.shape == (3,) and r.distances[0] == 0
+
+
+def test_large_batches_are_split_and_reassembled(server: FakeServer) -> None:
+    ids, x = data(500, 16)
+    with client_for(server, max_request_bytes=16 * 4 * 2 * 100) as c:  # ~ 70 rows per request
+        idx = c.index("i", "ab" * 32)
+        assert idx.upsert(ids, x) == 500
+        n_upserts = len(server.paths)
+        r = idx.query(x, top_k=2)
+    assert n_upserts > 5 and len(server.paths) - n_upserts > 5
+    assert list(r.ids[:, 0]) == ids  # every query finds itself first, in order
+
+
+def test_vectors_must_be_one_or_two_dimensional(server: FakeServer) -> None:
+    with client_for(server) as c, pytest.raises(ValueError):
+        c.index("i", "ab" * 32).query(np.zeros((2, 2, 2)))
+    with client_for(server) as c, pytest.raises(ValueError, match="ids"):
+        c.index("i", "ab" * 32).upsert(["a"], np.zeros((2, 2)))
+
+
+def test_duplicate_ids_across_split_requests_are_refused(server: FakeServer) -> None:
+    from cluster.errors import InvalidRequestError
+
+    ids, x = data(200)
+    ids[150] = ids[3]
+    with client_for(server, max_request_bytes=2000) as c, pytest.raises(InvalidRequestError):
+        c.index("i", "ab" * 32).upsert(ids, x)
+    assert server.paths == []  # refused before anything was sent
