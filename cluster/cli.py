@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from cluster.bulk_cli import add_commands
 from cluster.settings import Settings
 
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)"
     )
     serve.set_defaults(func=_serve)
+    add_commands(sub)  # bulk-query, bulk-upsert
     args = parser.parse_args(argv)
     return int(args.func(args))
 

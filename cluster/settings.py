@@ -7,6 +7,7 @@ data directory (see ``cluster.runtime``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,6 +50,22 @@ class Settings(BaseSettings):
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 
+    # Text embeddings (serve_app/embedder.py; models need the `embeddings` extra).
+    embedding_models: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="extra models: name -> local sentence-transformers directory "
+        '(JSON object, or "name=/dir,name2=/dir2")',
+    )
+    embedder_replicas: int = Field(1, ge=1)
+    embedder_num_cpus: float = Field(0.5, ge=0, description="CPU reserved per Embedder replica")
+    embedder_threads: int = Field(0, ge=0, description="torch threads per Embedder; 0 = all cores")
+    embedder_max_batch_size: int = Field(32, ge=1, description="text queries per model call")
+    embedder_batch_wait_s: float = Field(
+        0.002, ge=0, description="an idle model waits this long for more text queries"
+    )
+    embedder_encode_batch: int = Field(64, ge=1, description="sentences per forward pass")
+    embedder_preload: bool = Field(True, description="load the default model at replica start")
+
     @field_validator("storage")
     @classmethod
     def _absolute_storage(cls, value: str) -> str:
@@ -63,6 +80,25 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("embedding_models", mode="before")
+    @classmethod
+    def _parse_models(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("{"):
+                value = json.loads(text)
+            else:
+                pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+                if any(len(p) != 2 for p in pairs):
+                    raise ValueError('expected a JSON object or "name=/dir,name2=/dir2"')
+                value = {k.strip(): v.strip() for k, v in pairs}
+        if isinstance(value, dict):  # absolute now: Ray workers run in other directories
+            return {
+                k: str(Path(v).expanduser().resolve()) if isinstance(v, str) else v
+                for k, v in value.items()
+            }
         return value
 
     def engine_options(self) -> EngineOptions:

@@ -87,14 +87,16 @@ class _Replica:
 
     settings: Any = None
     engine: Any = None
+    embedder: Any = None  # DeploymentHandle of the Embedder deployment (None: no text search)
 
 
 REPLICA = _Replica()
 
 
-def configure_replica(settings: Any, engine: Any) -> None:
+def configure_replica(settings: Any, engine: Any, embedder: Any = None) -> None:
     REPLICA.settings = settings
     REPLICA.engine = engine
+    REPLICA.embedder = embedder
 
 
 def engine_of(request: Request) -> Any:
@@ -103,3 +105,7 @@ def engine_of(request: Request) -> Any:
 
 def settings_of(request: Request) -> Any:
     return REPLICA.settings
+
+
+def embedder_of(request: Request) -> Any:
+    return REPLICA.embedder

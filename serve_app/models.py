@@ -47,7 +47,11 @@ class CreateIndexRequest(IndexRequest):
     metric: Metric | None = Field(
         None, description="euclidean (default), squared_euclidean, cosine"
     )
-    embedding_model: str | None = None
+    embedding_model: str | None = Field(
+        None,
+        description="embed text on the server with this model (e.g. all-MiniLM-L6-v2): it "
+        "fixes the dimension, and the metric defaults to cosine",
+    )
 
 
 class TrainRequest(IndexRequest):
@@ -64,7 +68,9 @@ class TrainRequest(IndexRequest):
 
 class Item(Model):
     id: str = Field(min_length=1, max_length=1024)
-    vector: Vector | None = None
+    vector: Vector | None = Field(
+        None, description="omit to embed contents with the index's embedding_model"
+    )
     contents: str | None = None
     metadata: dict[str, Any] | None = None
 
@@ -77,7 +83,9 @@ class QueryRequest(IndexRequest):
     query_vectors: Vector | Matrix | None = Field(
         None, description="one vector (flat results) or a list of vectors (a result list each)"
     )
-    query_contents: str | None = None
+    query_contents: str | None = Field(
+        None, description="query text, embedded with the index's embedding_model (flat results)"
+    )
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
     greedy: bool | None = None
@@ -175,3 +183,55 @@ class ErrorResponse(Model):
     status_code: int
     detail: str
     errors: list[dict[str, Any]] | None = None
+
+
+# -- binary batch forms (/v1/vectors/query_binary, /v1/vectors/upsert_binary) ----------------
+Shape = Annotated[
+    list[int], Field(min_length=2, max_length=2, description="[rows, dimension] of the matrix")
+]
+Base64Matrix = Annotated[
+    str,
+    Field(
+        description="base64 (standard alphabet, padded) of a row-major little-endian float32 "
+        "matrix of the given shape: rows * dimension * 4 bytes"
+    ),
+]
+
+
+class BinaryQueryRequest(IndexRequest):
+    query_vectors: Base64Matrix
+    shape: Shape
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[QueryInclude] | None = Field(None, description='default ["distance","metadata"]')
+
+
+class BinaryQueryResponse(Model):
+    """Results of every query as compact arrays. Query q has ``counts[q]`` results (fewer than
+    ``top_k`` only when fewer items match); ``ids`` (and ``metadata``) hold them flat, query
+    after query, each query's results in ascending distance."""
+
+    nq: int = Field(description="number of queries")
+    top_k: int
+    counts: list[int] = Field(description="results per query")
+    ids: list[str] = Field(description="sum(counts) ids: query 0's, then query 1's, ...")
+    distances: str | None = Field(
+        None,
+        description="with include distance: base64 of the (nq, top_k) little-endian float32 "
+        "distance matrix, row-major; entries past counts[q] are +infinity",
+    )
+    metadata: list[dict[str, Any] | None] | None = Field(
+        None, description="with include metadata: one document per entry of ids"
+    )
+
+
+class BinaryUpsertRequest(IndexRequest):
+    ids: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        min_length=1, description="one id per row of vectors"
+    )
+    vectors: Base64Matrix
+    shape: Shape
+    metadata: list[dict[str, Any] | None] | None = Field(None, description="one per id, or null")
+    contents: list[str | None] | None = Field(None, description="one per id, or null")

@@ -9,8 +9,9 @@ from actors.crypto import derive_keys, new_salt, parse_index_key
 from actors.errors import InvalidRequest
 from actors.training import TrainParams
 from actors.types import IndexConfig, IndexMeta
+from serve_app import text
 from serve_app.errors_doc import CONFLICT, ERRORS
-from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
+from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
 from serve_app.models import (
     CreateIndexRequest,
     DescribeResponse,
@@ -38,8 +39,18 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     key = parse_index_key(body.index_key)
     cfg_in = body.index_config
     index_type = (cfg_in.type if cfg_in else None) or "ivfflat"
-    metric = body.metric or (cfg_in.metric if cfg_in else None) or "euclidean"
+    metric = body.metric or (cfg_in.metric if cfg_in else None)
     dimension = cfg_in.dimension if cfg_in else None
+    model = body.embedding_model or None
+    if model:  # the model fixes the dimension; such indexes default to cosine
+        model_dim = await text.model_dimension(embedder_of(request), model)
+        if dimension is not None and dimension != model_dim:
+            raise InvalidRequest(
+                f"index_config.dimension {dimension} conflicts with embedding_model {model!r}, "
+                f"which produces {model_dim}-dimensional vectors"
+            )
+        dimension = model_dim
+    metric = metric or ("cosine" if model else "euclidean")
     pq_dim = cfg_in.pq_dim if cfg_in else None
     pq_bits = cfg_in.pq_bits if cfg_in else None
     if index_type != "ivfpq" and (pq_dim or pq_bits):
@@ -48,10 +59,6 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         pq_bits = pq_bits or 8
         if pq_dim is not None and dimension is not None and dimension % pq_dim:
             raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
-    if body.embedding_model:
-        raise InvalidRequest(
-            f"unknown embedding_model {body.embedding_model!r}; this server has no embedding models configured"
-        )
     salt = new_salt()
     keys = derive_keys(key, body.index_name, salt)
     meta = IndexMeta(body.index_name, new_index_id(), salt, keys.verifier)
@@ -64,6 +71,7 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         dimension=dimension,
         pq_dim=pq_dim,
         pq_bits=pq_bits,
+        embedding_model=model,
         recall_target=settings.recall_target,
     )
     await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg))

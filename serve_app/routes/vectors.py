@@ -8,10 +8,10 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 
 from actors.errors import InvalidRequest
-from serve_app import service
+from serve_app import service, text
 from serve_app.engine import CachedView, Engine, Hits
 from serve_app.errors_doc import ERRORS
-from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
+from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
 from serve_app.models import (
     DeleteRequest,
     DeleteResponse,
@@ -37,16 +37,13 @@ async def upsert(body: UpsertRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
     items = body.items
-    missing = [it.id for it in items if it.vector is None]
-    if missing:
-        raise InvalidRequest(
-            f"item {missing[0]!r} has no vector and the index has no embedding model"
-        )
-    x, _ = as_matrix([it.vector for it in items], "items vectors")
-    metadata = [None if it.metadata is None else orjson.dumps(it.metadata) for it in items]
-    n = await service.upsert(
-        engine, cv, [it.id for it in items], x, metadata, [it.contents for it in items]
+    ids, contents = [it.id for it in items], [it.contents for it in items]
+    # Items without a vector are embedded from their contents (one model call per request).
+    x = await text.item_vectors(
+        embedder_of(request), cv.config, ids, [it.vector for it in items], contents
     )
+    metadata = [None if it.metadata is None else orjson.dumps(it.metadata) for it in items]
+    n = await service.upsert(engine, cv, ids, x, metadata, contents)
     return JSON({"status": "success", "message": f"Upserted {n} vectors", "upserted_count": n})
 
 
@@ -55,12 +52,16 @@ async def query(body: QueryRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
-    if body.query_contents is not None:
-        raise InvalidRequest("query_contents needs an index with an embedding model")
     top_k = service.resolve_top_k(body.top_k, settings_of(request).max_top_k)
     include = body.include if body.include is not None else service.DEFAULT_QUERY_INCLUDE
-    x, single = as_matrix(body.query_vectors, "query_vectors")
-    cv = await engine.view(body.index_name, body.index_key)
+    if body.query_contents is not None:  # text query: one embedding, flat results
+        cv = await engine.view(body.index_name, body.index_key)
+        model = text.index_model(cv.config, "query_contents")
+        x = await text.embed_query(embedder_of(request), model, body.query_contents)
+        single = True
+    else:
+        x, single = as_matrix(body.query_vectors, "query_vectors")
+        cv = await engine.view(body.index_name, body.index_key)
     with_metadata = "metadata" in include
     hits = await service.search(
         engine, cv, x, top_k, body.n_probes, body.filters, body.greedy, with_metadata

@@ -22,6 +22,8 @@ ROUTES = {
     ("post", "/v1/vectors/delete"): ("DeleteRequest", "DeleteResponse"),
     ("post", "/v1/vectors/list_ids"): ("IndexRequest", "ListIdsResponse"),
     ("post", "/v1/vectors/num_vectors"): ("IndexRequest", "NumVectorsResponse"),
+    ("post", "/v1/vectors/query_binary"): ("BinaryQueryRequest", "BinaryQueryResponse"),
+    ("post", "/v1/vectors/upsert_binary"): ("BinaryUpsertRequest", "UpsertResponse"),
 }
 
 
