@@ -11,7 +11,6 @@ import math
 import os
 import secrets
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -245,7 +244,6 @@ class ControlPlane:
                     del self._training[name]
 
     def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
-        started = time.monotonic()
         # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.
         faiss.omp_set_num_threads(self.options.train_threads or os.cpu_count() or 1)
         meta = self.lookup(name)
@@ -288,7 +286,6 @@ class ControlPlane:
             persistence.write_config(self.store, key, new_cfg)
             self._configs[name] = new_cfg
         persistence.prune_templates(self.store, new_cfg)
-        self.last_training_s = time.monotonic() - started
         return new_cfg
 
     def ping(self) -> bool:

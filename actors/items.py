@@ -97,18 +97,15 @@ class ItemTable:
     def live_labels(self) -> np.ndarray:
         return np.flatnonzero(self.alive[: self.next_label]).astype(np.int64)
 
-    def selector_bits(self, node: FilterNode | None) -> np.ndarray | None:
-        """Packed bitmap of the labels a query may return (None = every label in the index)."""
-        if node is None:
-            return None
-        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
-        return np.packbits(mask, bitorder="little")
+    def selection(self, node: FilterNode | None) -> tuple[np.ndarray | None, int]:
+        """(packed bitmap of the labels a query may return, how many live items match).
 
-    def count_matching(self, node: FilterNode | None) -> int:
+        No filter: (None, every live item). The filter is evaluated once for both.
+        """
         if node is None:
-            return len(self)
+            return None, len(self)
         mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
-        return int(mask.sum())
+        return np.packbits(mask, bitorder="little"), int(mask.sum())
 
     # -- snapshots --------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:

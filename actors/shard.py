@@ -272,8 +272,7 @@ class Shard:
                 return SearchResult(
                     dist, empty, empty if req.with_metadata else None, self.version
                 ), 0
-            bits = self.items.selector_bits(req.filter)
-            n_match = self.items.count_matching(req.filter)
+            bits, n_match = self.items.selection(req.filter)
             nprobe = req.list_nos.shape[1]
             if req.greedy:
                 dist, labels = part.search_greedy(req.queries, k, nprobe, bits)
