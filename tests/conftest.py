@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.pg_server import PostgresServer, find_bindir
 
 SIFT_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "sift-5k.tsv"
 
@@ -30,3 +33,38 @@ def clustered(
 
 def random_key() -> str:
     return np.random.default_rng().bytes(32).hex()
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL server for the session (skips only if PostgreSQL is not installed)."""
+    pytest.importorskip("psycopg", reason='psycopg not installed: pip install -e ".[postgres]"')
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: install PostgreSQL "
+            "or set VAULTVEC_PG_BINDIR"
+        )
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """URL of the session's database ``vaultvec_test``."""
+    return postgres_server.create_database("vaultvec_test")
+
+
+@pytest.fixture()
+def fresh_postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """URL of a new empty database for one test, dropped afterwards."""
+    url = postgres_server.create_database()
+    yield url
+    postgres_server.drop_database(url.rsplit("/", 1)[1])

@@ -4,14 +4,16 @@ Supported URLs:
 
 * ``file:///abs/path``, ``file://./relative``, ``file://relative`` or a plain path ->
   :class:`~actors.store.local.LocalStore`;
-* ``postgresql://...`` (or ``postgres://``) -> PostgreSQL store (not in this build yet).
+* ``postgresql://user:password@host:port/dbname?...`` (or ``postgres://``) ->
+  :class:`~actors.store.postgres.PostgresStore` (needs the ``postgres`` extra: psycopg 3 and
+  psycopg-pool; its URL parameters are described in :mod:`actors.store.postgres`).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from actors.store.base import Store, StoreError, key_join, validate_key, validate_prefix
 from actors.store.local import LocalStore
@@ -22,6 +24,7 @@ __all__ = [
     "StoreError",
     "key_join",
     "open_store",
+    "redact_url",
     "validate_key",
     "validate_prefix",
 ]
@@ -44,5 +47,29 @@ def open_store(url: str) -> Store:
             raise ValueError("file:// store URL has no path")
         return LocalStore(Path(path))
     if scheme in ("postgresql", "postgres") or scheme.startswith("postgresql+"):
-        raise StoreError("PostgreSQL store is not installed in this build")
+        try:
+            from actors.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise StoreError(
+                f"the PostgreSQL store needs psycopg 3 and psycopg-pool ({exc.name or exc} is "
+                'missing): pip install "vaultvec[postgres]"'
+            ) from None
+        return PostgresStore(url)
     raise ValueError(f"unsupported store URL scheme {scheme!r}; supported: {_SUPPORTED}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for logs and banners: a password (in the authority or a ``password=``
+    parameter) replaced by ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hostport}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k == "password" for k, _ in pairs):
+            query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs])
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -2,13 +2,15 @@
 LocalStore on-disk specifics (atomic replace, torn log tails, corruption, file modes).
 
 To add a backend, extend ``BACKENDS`` and ``_make_store``; ``TestStoreContract`` then runs
-against it unchanged.
+against it unchanged. The PostgreSQL backend gets a fresh database per test from the session's
+throwaway server (tests/pg_server.py); its specifics are in test_store_postgres.py.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +19,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.store import LocalStore, Store, StoreError, key_join, open_store
+from actors.store import LocalStore, Store, StoreError, key_join, open_store, redact_url
 from actors.store.local import _frame, parse_log
 
-BACKENDS = ["local"]
+BACKENDS = ["local", "postgresql"]
 
 
-def _make_store(kind: str, tmp_path: Path) -> Store:
+def _make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if kind == "local":
         return LocalStore(tmp_path / "store")
+    if kind == "postgresql":
+        return open_store(request.getfixturevalue("fresh_postgres_url"))
     raise AssertionError(kind)
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = _make_store(request.param, tmp_path)
+    s = _make_store(request.param, request, tmp_path)
     yield s
     s.close()
 
@@ -287,11 +291,26 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
             s.close()
 
 
-def test_open_store_postgres_not_installed() -> None:
+def test_open_store_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "actors.store.postgres", None)  # as if psycopg were missing
     for url in ["postgresql://u:secretpw@db/vaultvec", "postgres://db/x"]:
-        with pytest.raises(StoreError, match="PostgreSQL store is not installed") as info:
+        with pytest.raises(StoreError, match=r'pip install "vaultvec\[postgres\]"') as info:
             open_store(url)
         assert "secretpw" not in str(info.value)
+
+
+def test_open_store_postgres(fresh_postgres_url: str) -> None:
+    from actors.store.postgres import PostgresStore
+
+    rest = fresh_postgres_url.split("://", 1)[1]
+    for url in [fresh_postgres_url, f"postgres://{rest}", f"postgresql+psycopg://{rest}"]:
+        s = open_store(url)
+        try:
+            assert isinstance(s, PostgresStore)
+            s.put("k", b"v")
+            assert s.get("k") == b"v"
+        finally:
+            s.close()
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/x", "http://x", "", "   ", "file://"])
@@ -510,3 +529,19 @@ def test_parse_log_any_truncation_yields_prefix(records: list[bytes], data: st.D
     assert got == records[: len(got)]
     assert end == sum(12 + len(r) for r in got)
     assert cut - end < 12 + max((len(r) for r in records), default=0)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://vv:s3cr%40t@db:5432/vaultvec", "postgresql://vv:***@db:5432/vaultvec"),
+        (
+            "postgresql://db/vaultvec?password=s3cret&sslmode=require",
+            "postgresql://db/vaultvec?password=%2A%2A%2A&sslmode=require",
+        ),
+        ("postgresql://vv@db/vaultvec", "postgresql://vv@db/vaultvec"),
+        ("file:///data/vaultvec", "file:///data/vaultvec"),
+    ],
+)
+def test_redact_url_hides_passwords(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
