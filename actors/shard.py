@@ -22,7 +22,7 @@ import numpy as np
 
 from actors import codec, persistence
 from actors.crypto import aad, open_sealed, seal
-from actors.errors import InvalidRequest
+from actors.errors import IndexRetired, InvalidRequest
 from actors.items import ItemTable
 from actors.partition import PartitionIndex, serialize
 from actors.rwlock import RWLock
@@ -63,6 +63,7 @@ class Shard:
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False
+        self._retired = False
         self._last_used = time.monotonic()
         self._reset()
         if idle_ttl_s > 0:
@@ -85,6 +86,8 @@ class Shard:
         self._last_used = time.monotonic()
         if self._loaded:
             return
+        if self._retired:
+            raise IndexRetired(f"index {self.name!r} (id {self.index_id}) was deleted")
         self._reset()
         self._key = key
         snaps = persistence.generations(self.store, self.index_id, self.shard_no, "snap")
@@ -152,10 +155,16 @@ class Shard:
     # -- writes -----------------------------------------------------------------------------
     def _log(self, key: bytes, frame: bytes) -> None:
         """Seal and durably append one WAL record (caller holds the lock)."""
-        seq = self.seq + 1
+        # The number is used up even if the append fails: a failure can be ambiguous (committed
+        # but not confirmed), and a later record reusing the number would be skipped on replay.
+        self.seq = seq = self.seq + 1
         record = persistence.seal_record(key, self.name, self.shard_no, self.gen, seq, frame)
-        self.store.append(persistence.wal_key(self.index_id, self.shard_no, self.gen), record)
-        self.seq = seq
+        try:
+            self.store.append(persistence.wal_key(self.index_id, self.shard_no, self.gen), record)
+        except Exception:
+            if self._pending is None:  # reload from the store: it, not memory, is the truth
+                self._loaded = False
+            raise
         self._wal_records += 1
         self._wal_bytes += len(record)
 
@@ -371,6 +380,17 @@ class Shard:
                 self._wal_records = self._wal_bytes = 0
             self._write_snapshot(key, frame, old_gen)
         return self.stats(key)
+
+    def retire(self) -> None:
+        """Refuse every later call (the index is being deleted) and drop the loaded data.
+
+        Gateways still holding this shard's handle then learn that their view is stale instead
+        of reading a deleted index; the control plane kills the actor afterwards.
+        """
+        with self._snapshot_lock, self._lock.write():
+            self._retired = True
+            self._loaded = False
+            self._reset()
 
     def ping(self) -> bool:
         return True

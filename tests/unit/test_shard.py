@@ -10,10 +10,11 @@ import numpy as np
 import orjson
 import pytest
 
-from actors.errors import DecryptError
+from actors.errors import DecryptError, IndexRetired
 from actors.filters import parse_filter
 from actors.partition import serialize
 from actors.shard import Shard
+from actors.store import StoreError
 from actors.training import TrainParams, train_template
 from actors.types import SearchRequest, UpsertBatch
 from tests.conftest import clustered
@@ -172,3 +173,53 @@ def test_idle_shard_is_evicted_and_unlocks_again(tmp_path: Path) -> None:
         time.sleep(0.2)
     assert not shard._loaded and shard.partition is None and len(shard.items) == 0
     assert shard.stats(KEY).count == 20  # the next call with the key unlocks it again
+
+
+def test_a_retired_shard_refuses_every_call(tmp_path: Path) -> None:
+    x = clustered(50, 8, seed=3)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x, 0))
+    shard.retire()
+    calls = [
+        lambda: shard.search(KEY, one_list(x[:2])),
+        lambda: shard.get(KEY, ["id1"], True, True, True),
+        lambda: shard.upsert(KEY, batch(x[:1], 100)),
+        lambda: shard.delete(KEY, ["id1"]),
+        lambda: shard.stats(KEY),
+        lambda: shard.list_ids(KEY),
+    ]
+    for call in calls:
+        with pytest.raises(IndexRetired, match="was deleted"):
+            call()
+    # Nothing was written after retirement: a new shard on the same data sees the 50 items.
+    assert new_shard(tmp_path).stats(KEY).count == 50
+
+
+class CommitsThenFails:
+    """A store whose next append commits and then reports failure (a lost COMMIT reply)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.fail_next = inner, True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def append(self, key: str, record: bytes) -> None:
+        self.inner.append(key, record)  # type: ignore[attr-defined]
+        if self.fail_next:
+            self.fail_next = False
+            raise StoreError("connection lost during COMMIT: the write may or may not be stored")
+
+
+def test_an_ambiguous_wal_append_never_costs_a_later_acknowledged_write(tmp_path: Path) -> None:
+    x = clustered(30, 8, seed=4)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x[:10], 0))
+    shard.store = CommitsThenFails(shard.store)  # type: ignore[assignment]
+    with pytest.raises(StoreError):
+        shard.upsert(KEY, batch(x[10:20], 10))  # not acknowledged (but stored)
+    shard.upsert(KEY, batch(x[20:30], 20))  # acknowledged
+    live = shard.list_ids(KEY)
+    reloaded = new_shard(tmp_path).list_ids(KEY)
+    assert {f"id{i}" for i in range(20, 30)} <= set(reloaded)  # the acknowledged write survives
+    assert set(live) == set(reloaded)  # memory and store agree (the shard reloaded)
