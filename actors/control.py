@@ -18,7 +18,7 @@ from typing import Any
 import faiss
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors import persistence
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unavailable, VaultvecError
@@ -37,6 +37,7 @@ class EngineOptions:
     store_url: str
     shard_num_cpus: float = 0.05
     shard_start_timeout_s: float = 60.0
+    retire_timeout_s: float = 30.0
     shard_threads: int = 1
     shard_max_concurrency: int = 32
     wal_max_records: int = 256
@@ -93,6 +94,9 @@ class ControlPlane:
         return meta
 
     def create_index(self, meta: IndexMeta, key: bytes, cfg: IndexConfig) -> None:
+        """Persist a new index and start its shards; ``cfg.n_shards == 0`` picks the default."""
+        if cfg.n_shards == 0:
+            cfg = cfg.evolve(n_shards=default_shards())
         with self._lock:
             if meta.name in self._catalog:
                 raise IndexExists(f"index {meta.name!r} already exists")
@@ -107,15 +111,25 @@ class ControlPlane:
             raise
 
     def delete_index(self, name: str, key: bytes) -> None:
+        """Delete an index: catalog entry first, then retire and kill its shards, then data.
+
+        Shards are retired before this returns, so a gateway still holding their handles gets
+        IndexRetired (and looks the index up again) rather than answers from a deleted index.
+        """
         meta = self.lookup(name)
         cfg = self.config(name, key)
         with self._lock:
             self.store.delete(persistence.meta_key(meta.index_id))  # first: the index is gone
             self._catalog.pop(name, None)
             self._configs.pop(name, None)
+        handles = []
         for s in range(cfg.n_shards):
             with contextlib.suppress(ValueError):  # never started
-                ray.kill(ray.get_actor(shard_actor_name(meta.index_id, s), namespace=NAMESPACE))
+                handles.append(ray.get_actor(shard_actor_name(meta.index_id, s), NAMESPACE))
+        with contextlib.suppress(GetTimeoutError, RayActorError):  # unreachable: killed below
+            ray.get([h.retire.remote() for h in handles], timeout=self.options.retire_timeout_s)
+        for h in handles:
+            ray.kill(h)
         self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
 
     def config(self, name: str, key: bytes) -> IndexConfig:
@@ -290,6 +304,13 @@ class ControlPlane:
 
     def ping(self) -> bool:
         return True
+
+
+def default_shards() -> int:
+    """Shards for an index created without a count: one per live Ray node with CPUs, at least
+    two (so a single machine still exercises the sharded path and uses both its cores)."""
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0))
+    return max(2, nodes)
 
 
 def new_index_id() -> str:

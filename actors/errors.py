@@ -61,6 +61,12 @@ class Unavailable(VaultvecError):
     default_detail = "a shard is unavailable; retry later"
 
 
+class IndexRetired(Unavailable):
+    """Raised by a shard of a deleted index: the caller's view of the index is out of date."""
+
+    default_detail = "the index was deleted or re-created while the request ran; retry"
+
+
 class InternalError(VaultvecError):
     status_code = 500
 

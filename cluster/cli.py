@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from actors.store import redact_url
 from cluster.bulk_cli import add_commands
 from cluster.settings import Settings
 
@@ -35,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     if generated:
         print(f"generated API key (kept in the data directory, mode 0600): {generated}", flush=True)
-    print(f"vaultvec serving at {url} (storage {settings.storage})", flush=True)
+    print(f"vaultvec serving at {url} (storage {redact_url(settings.storage)})", flush=True)
     stop.wait()
     print("vaultvec shutting down", flush=True)
     runtime.stop(runtime.joins_cluster(settings))
@@ -56,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS or start local Ray)"
     )
-    serve.add_argument("--shards", type=int, help="shards per new index (default 2)")
+    serve.add_argument(
+        "--shards",
+        type=int,
+        help="shards per new index (default: one per Ray node with CPUs, at least 2)",
+    )
     serve.add_argument(
         "--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)"
     )

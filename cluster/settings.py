@@ -26,8 +26,16 @@ class Settings(BaseSettings):
     port: int = 8000
     ray_address: str | None = None
 
-    shards: int = Field(2, ge=1, le=256, description="shards per new index")
+    shards: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="shards per new index; 0 = one per Ray node with CPUs, at least 2",
+    )
     gateway_replicas: int = Field(1, ge=1)
+    gateway_max_replicas_per_node: int = Field(
+        0, ge=0, description="spread gateway replicas over nodes; 0 = no limit"
+    )
     gateway_num_cpus: float = 0.25
     gateway_max_ongoing_requests: int = 64
     gateway_threads: int = Field(

@@ -125,6 +125,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     ).bind(settings.model_dump(mode="json", exclude={"api_key"}))
     return Gateway.options(  # type: ignore[attr-defined]
         num_replicas=settings.gateway_replicas,
+        max_replicas_per_node=settings.gateway_max_replicas_per_node or None,
         ray_actor_options={"num_cpus": settings.gateway_num_cpus, "runtime_env": GATEWAY_ENV},
         max_ongoing_requests=settings.gateway_max_ongoing_requests,
     ).bind(as_json, embedder)

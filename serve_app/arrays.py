@@ -12,7 +12,7 @@ import base64
 import binascii
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import orjson
 
 from actors.errors import InternalError, InvalidRequest, Unavailable, VaultvecError
 from serve_app import service
-from serve_app.engine import SHARD_ERRORS, Engine, unwrap
+from serve_app.engine import SHARD_ERRORS, Engine, retry_stale, unwrap
 from serve_app.http import REPLICA
 from serve_app.vectors import as_matrix, to_api_distance
 
@@ -156,11 +156,12 @@ def flat_results(hits: ArrayHits) -> tuple[list[str], list[Any] | None]:
 
 
 # -- the Ray transport: Gateway methods called through a DeploymentHandle -------------------
-async def _guarded(coro: Any) -> Any:
-    """Errors as the HTTP handler maps them: VaultvecError kept, shard outage -> 503,
-    anything else -> a scrubbed 500 with a request id (logged here)."""
+async def _guarded(run: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a request as the HTTP routes do: once more if the index was re-created meanwhile;
+    errors mapped alike (VaultvecError kept, shard outage -> 503, anything else -> a scrubbed
+    500 with a request id, logged here)."""
     try:
-        return await coro
+        return await retry_stale(run)
     except Exception as exc:
         cause = unwrap(exc)
         if isinstance(cause, VaultvecError):
@@ -220,7 +221,7 @@ async def handle_query(
             "metadata": None if metadata is None else orjson.dumps(metadata),
         }
 
-    return dict(await _guarded(run()))
+    return dict(await _guarded(run))
 
 
 async def handle_upsert(
@@ -237,4 +238,4 @@ async def handle_upsert(
         x = _handle_matrix(vectors, "vectors")
         return await upsert(REPLICA.engine, index_name, index_key, ids, x, metadata, contents)
 
-    return int(await _guarded(run()))
+    return int(await _guarded(run))

@@ -22,7 +22,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from actors.control import IndexView
 from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
-from actors.errors import Unauthorized, Unavailable, VaultvecError
+from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
 from actors.filters import parse_filter
 from actors.types import (
     Fetched,
@@ -37,6 +37,7 @@ from actors.types import (
 
 log = logging.getLogger("vaultvec.engine")
 T = TypeVar("T")
+ShardCall = tuple[int, Callable[[Any], Awaitable[Any]]]  # (shard number, handle -> call)
 
 SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
 REFRESH_S = 0.5
@@ -63,6 +64,21 @@ class Hits:
     ids: np.ndarray
     metadata: np.ndarray | None
     counts: np.ndarray  # results per query
+
+
+class StaleIndex(Unavailable):
+    """The index was deleted and re-created under the same name while a request ran on the old
+    one. The view is dropped; the request is run again once (:func:`retry_stale`)."""
+
+    default_detail = "the index was re-created while the request ran; retry"
+
+
+async def retry_stale(run: Callable[[], Awaitable[T]]) -> T:
+    """Run a request; if it met a re-created index, run it once more against the new one."""
+    try:
+        return await run()
+    except StaleIndex:
+        return await run()
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -153,33 +169,63 @@ class Engine:
             raise unwrap(exc) from None
 
     async def fan_out(
-        self, calls: Sequence[Callable[[], Awaitable[T]]], *, idempotent: bool = True
-    ) -> list[T]:
-        """One call per shard, concurrently; shard outages are retried within a bounded budget."""
+        self, cv: CachedView, calls: Sequence[ShardCall], *, idempotent: bool = True
+    ) -> list[Any]:
+        """One call per shard, concurrently; shard outages are retried within a bounded budget.
 
-        async def one(make: Callable[[], Awaitable[T]]) -> T:
+        A shard that is restarting (crash, node loss) is retried with backoff. A shard that is
+        gone for good or retired means the view may be out of date: the index is looked up
+        again (deleted -> 404, re-created -> :class:`StaleIndex`, same -> fresh handles). Every
+        shard answers or the request fails with 503: results are never silently partial.
+        """
+
+        async def one(s: int, make: Callable[[Any], Awaitable[Any]]) -> Any:
             attempts = self.retries + 1 if idempotent else 1
+            handle = cv.view.shards[s]
             for attempt in range(attempts):
                 try:
-                    return await asyncio.wait_for(make(), self.timeout_s)
+                    return await asyncio.wait_for(make(handle), self.timeout_s)
                 except asyncio.TimeoutError:
                     raise Unavailable(
-                        f"a shard of this index did not answer within {self.timeout_s:.0f}s"
+                        f"shard {s} of index {cv.view.meta.name!r} did not answer within "
+                        f"{self.timeout_s:.0f}s"
                     ) from None
                 except Exception as exc:
                     cause = unwrap(exc)
-                    if isinstance(cause, VaultvecError):
+                    if isinstance(cause, IndexRetired) or isinstance(exc, ActorDiedError):
+                        handle = (await self.revalidate(cv)).view.shards[s]
+                    elif isinstance(cause, VaultvecError):
                         raise cause from None
-                    if not isinstance(exc, SHARD_ERRORS) or attempt == attempts - 1:
-                        if isinstance(exc, SHARD_ERRORS):
-                            raise Unavailable(
-                                "a shard of this index is unavailable; retry later"
-                            ) from None
+                    elif not isinstance(exc, SHARD_ERRORS):
                         raise
+                    if attempt == attempts - 1:
+                        raise Unavailable(
+                            f"shard {s} of index {cv.view.meta.name!r} is unavailable "
+                            f"(tried {attempts} times); retry later"
+                        ) from None
+                    log.warning("shard %d of %s failed (%s); retrying", s, cv.view.meta.name, exc)
                     await asyncio.sleep(self.retry_backoff_s * (2**attempt))
             raise Unavailable()
 
-        return await asyncio.gather(*(one(c) for c in calls))
+        return await asyncio.gather(*(one(s, make) for s, make in calls))
+
+    async def revalidate(self, cv: CachedView) -> CachedView:
+        """Look the index up again after a shard refused or vanished.
+
+        Raises IndexNotFound if it was deleted, StaleIndex if it was re-created (another
+        incarnation: new id, salt and shards); otherwise returns a freshly loaded view (the
+        control plane restarts shard actors that died for good).
+        """
+        name = cv.view.meta.name
+        try:
+            meta: IndexMeta = await self.call(self.control.lookup.remote(name))
+        except IndexNotFound:
+            self.forget(name)
+            raise
+        if meta.index_id != cv.view.meta.index_id:
+            self.forget(name)
+            raise StaleIndex(f"index {name!r} was re-created while the request ran; retry")
+        return await self.reload(cv)
 
     # -- queries ----------------------------------------------------------------------------
     def plan(self, cv: CachedView, x: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +269,8 @@ class Engine:
         req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata, explicit)
         wire = to_wire(req)
         answers = await self.fan_out(
-            [partial(s.search_wire.remote, cv.key, wire) for s in cv.view.shards]
+            cv,
+            [(s, lambda h: h.search_wire.remote(cv.key, wire)) for s in range(len(cv.view.shards))],
         )
         parts: list[tuple[SearchResult, int]] = [from_wire(a) for a in answers]
         hits = merge([p[0] for p in parts], k, with_metadata)
@@ -245,15 +292,13 @@ class Engine:
         self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]
     ) -> int:
         assign = shard_assignment(ids, cv.config.n_shards)
-        calls: list[Callable[[], Awaitable[Any]]] = []
-        touched = []
-        for s, handle in enumerate(cv.view.shards):
+        calls: list[ShardCall] = []
+        for s in range(len(cv.view.shards)):
             rows = np.flatnonzero(assign == s)
             if len(rows):
-                batch = make_batch(rows)
-                touched.append(s)
-                calls.append(partial(handle.upsert.remote, cv.key, batch))
-        stats = await self.fan_out(calls)
+                calls.append((s, partial(_upsert, cv.key, make_batch(rows))))
+        stats = await self.fan_out(cv, calls)
+        touched = [s for s, _ in calls]
         for s, st in zip(touched, stats):
             cv.counts[s] = st.count
         await self.refresh_if_stale(cv, [st.version for st in stats])
@@ -261,17 +306,16 @@ class Engine:
 
     async def by_shard(self, cv: CachedView, ids: list[str], method: str, *args: Any) -> list[Any]:
         assign = shard_assignment(ids, cv.config.n_shards)
-        calls: list[Callable[[], Awaitable[Any]]] = []
-        for s, handle in enumerate(cv.view.shards):
+        calls: list[ShardCall] = []
+        for s in range(len(cv.view.shards)):
             sub = [ids[i] for i in np.flatnonzero(assign == s)]
             if sub:
-                calls.append(partial(getattr(handle, method).remote, cv.key, sub, *args))
-        return await self.fan_out(calls)
+                calls.append((s, partial(_method, method, cv.key, sub, *args)))
+        return await self.fan_out(cv, calls)
 
     async def all_shards(self, cv: CachedView, method: str, *args: Any) -> list[Any]:
-        return await self.fan_out(
-            [partial(getattr(h, method).remote, cv.key, *args) for h in cv.view.shards]
-        )
+        calls = [(s, partial(_method, method, cv.key, *args)) for s in range(len(cv.view.shards))]
+        return await self.fan_out(cv, calls)
 
     async def count(self, cv: CachedView) -> tuple[int, CachedView]:
         """Items in the index, and the view refreshed if a shard reported a newer version."""
@@ -297,6 +341,16 @@ class Engine:
                     entry["metadata"] = orjson.Fragment(m) if m is not None else {}
                 found[item_id] = entry
         return found
+
+
+def _method(method: str, *args: Any) -> Awaitable[Any]:
+    """``partial(_method, "get", key, ids)(handle)`` -> ``handle.get.remote(key, ids)``."""
+    *call_args, handle = args
+    return getattr(handle, method).remote(*call_args)
+
+
+def _upsert(key: bytes, batch: Any, handle: Any) -> Awaitable[Any]:
+    return handle.upsert.remote(key, batch)
 
 
 def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:

@@ -13,6 +13,7 @@ from fastapi.security import APIKeyHeader
 from starlette.responses import Response
 
 from actors.errors import PayloadTooLarge, Unauthorized
+from serve_app.engine import retry_stale
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -59,7 +60,8 @@ class Route(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            return await handler(OrjsonRequest(request.scope, request.receive))
+            req = OrjsonRequest(request.scope, request.receive)  # caches the body: re-runnable
+            return await retry_stale(lambda: handler(req))
 
         return route
 

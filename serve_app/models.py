@@ -52,6 +52,13 @@ class CreateIndexRequest(IndexRequest):
         description="embed text on the server with this model (e.g. all-MiniLM-L6-v2): it "
         "fixes the dimension, and the metric defaults to cosine",
     )
+    n_shards: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="vaultvec extension: shard actors for this index; null = the server's "
+        "default (VAULTVEC_SHARDS, or one per Ray node with CPUs, at least 2)",
+    )
 
 
 class TrainRequest(IndexRequest):

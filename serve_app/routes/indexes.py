@@ -67,7 +67,7 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         index_id=meta.index_id,
         index_type=index_type,
         metric=metric,
-        n_shards=settings.shards,
+        n_shards=body.n_shards or settings.shards,  # 0: the control plane picks
         dimension=dimension,
         pq_dim=pq_dim,
         pq_bits=pq_bits,

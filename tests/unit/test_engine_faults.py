@@ -1,0 +1,185 @@
+"""The gateway's shard-failure policy, with fake shard handles (no Ray).
+
+A restarting shard is retried within a bounded budget; a shard that stays away turns the whole
+request into a 503 naming it (never a partial answer); a shard that is gone for good or retired
+makes the engine look the index up again: deleted -> 404, re-created -> StaleIndex (the request
+runs again once), same incarnation -> fresh handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+from actors.control import IndexView
+from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
+from actors.types import IndexConfig, IndexMeta
+from serve_app.engine import CachedView, Engine, StaleIndex, retry_stale
+
+META = IndexMeta("idx", "id-1", b"salt", b"verifier")
+
+
+class Ref:
+    """What ``handle.method.remote(...)`` returns: awaitable once."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+
+    def __await__(self) -> Any:
+        async def run() -> Any:
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            if isinstance(self.outcome, float):  # seconds to hang
+                await asyncio.sleep(self.outcome)
+            return self.outcome
+
+        return run().__await__()
+
+
+class Shard:
+    """A fake shard handle answering ``stats`` from a script of outcomes, then ``value``."""
+
+    def __init__(self, value: Any, script: list[Any] | None = None) -> None:
+        self.value, self.script, self.calls = value, list(script or []), 0
+
+    @property
+    def stats(self) -> Shard:
+        return self
+
+    def remote(self, *args: Any) -> Ref:
+        self.calls += 1
+        return Ref(self.script.pop(0) if self.script else self.value)
+
+
+class Control:
+    def __init__(self, lookup: Callable[[], Any], view: Callable[[], IndexView]) -> None:
+        self._lookup, self._view = lookup, view
+        self.lookups = self.views = 0
+
+    @property
+    def lookup(self) -> Any:
+        control = self
+
+        class Method:
+            def remote(self, name: str) -> Ref:
+                control.lookups += 1
+                try:
+                    return Ref(control._lookup())
+                except Exception as exc:
+                    return Ref(exc)
+
+        return Method()
+
+    @property
+    def view(self) -> Any:
+        control = self
+
+        class Method:
+            def remote(self, name: str, key: bytes) -> Ref:
+                control.views += 1
+                return Ref(control._view())
+
+        return Method()
+
+
+def cached(*shards: Shard, meta: IndexMeta = META) -> CachedView:
+    cfg = IndexConfig(
+        name="idx",
+        index_id=meta.index_id,
+        index_type="ivfflat",
+        metric="euclidean",
+        n_shards=len(shards),
+    )
+    return CachedView(IndexView(meta, cfg, tuple(shards), None), b"k" * 32, None)
+
+
+def engine(control: Control | None = None, retries: int = 3, timeout_s: float = 5.0) -> Engine:
+    ctl = control or Control(lambda: META, lambda: pytest.fail("unexpected view"))
+    return Engine(ctl, retries=retries, retry_backoff_s=0.001, timeout_s=timeout_s)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def unavailable() -> ActorUnavailableError:
+    return ActorUnavailableError("restarting", None)
+
+
+def test_a_restarting_shard_is_retried_and_the_answer_is_complete() -> None:
+    a, b = Shard("a", [unavailable(), unavailable()]), Shard("b")
+    cv = cached(a, b)
+    assert run(engine().all_shards(cv, "stats")) == ["a", "b"]
+    assert a.calls == 3 and b.calls == 1
+
+
+def test_a_shard_that_stays_away_fails_the_whole_request_with_503() -> None:
+    a, b = Shard("a", [unavailable()] * 10), Shard("b")
+    with pytest.raises(Unavailable) as info:
+        run(engine(retries=2).all_shards(cached(a, b), "stats"))
+    assert "shard 0 of index 'idx' is unavailable (tried 3 times)" in info.value.detail
+    assert a.calls == 3  # bounded: retries + 1
+
+
+def test_a_hung_shard_is_a_503_after_the_timeout() -> None:
+    with pytest.raises(Unavailable, match="did not answer within"):
+        run(engine(timeout_s=0.05).all_shards(cached(Shard(10.0), Shard("b")), "stats"))
+
+
+def test_request_errors_from_a_shard_are_not_retried() -> None:
+    a = Shard("a", [InvalidRequest("bad dimension")])
+    with pytest.raises(InvalidRequest, match="bad dimension"):
+        run(engine().all_shards(cached(a), "stats"))
+    assert a.calls == 1
+
+
+def test_a_dead_shard_of_a_live_index_is_replaced_through_the_control_plane() -> None:
+    replacement = Shard("new")
+    control = Control(lambda: META, lambda: cached(replacement).view)
+    dead = Shard("old", [ActorDiedError()] * 10)
+    assert run(engine(control).all_shards(cached(dead), "stats")) == ["new"]
+    assert control.lookups == 1 and control.views == 1 and dead.calls == 1
+
+
+def test_a_retired_shard_of_a_deleted_index_is_a_404() -> None:
+    def gone() -> Any:
+        raise IndexNotFound("index 'idx' not found")
+
+    control = Control(gone, lambda: pytest.fail("no view of a deleted index"))
+    eng = engine(control)
+    eng._views["idx"] = cv = cached(Shard("x", [IndexRetired()]))
+    with pytest.raises(IndexNotFound):
+        run(eng.all_shards(cv, "stats"))
+    assert "idx" not in eng._views
+
+
+def test_a_recreated_index_raises_stale_and_the_request_runs_again() -> None:
+    recreated = IndexMeta("idx", "id-2", b"salt2", b"verifier2")
+    control = Control(lambda: recreated, lambda: pytest.fail("stale views are not reloaded"))
+    eng = engine(control)
+    cv = cached(Shard("x", [ActorDiedError()]))
+    with pytest.raises(StaleIndex):
+        run(eng.all_shards(cv, "stats"))
+
+    attempts: list[int] = []
+
+    async def request() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise StaleIndex()
+        return "answer from the new index"
+
+    assert run(retry_stale(request)) == "answer from the new index"
+    assert len(attempts) == 2
+
+
+def test_stale_twice_is_a_503() -> None:
+    async def request() -> str:
+        raise StaleIndex()
+
+    with pytest.raises(Unavailable):
+        run(retry_stale(request))
