@@ -1,0 +1,1 @@
+"""Multi-node tests (a package, so that the cluster fixture is torn down with it)."""
