@@ -467,6 +467,7 @@ def test_dockerfile_uses_the_ray_image_of_the_pinned_version() -> None:
     assert match, f"not an official CPU Ray image tag: {froms[0]}"
     assert match.group(1) == ray.__version__
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"ray[serve]=={ray.__version__}"' in pyproject, "pyproject.toml must pin this Ray"
     min_minor = re.search(r'requires-python\s*=\s*">=3\.(\d+)"', pyproject)
     assert min_minor and int(match.group(2)) >= int(min_minor.group(1))
 
