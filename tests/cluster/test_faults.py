@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -165,3 +166,37 @@ def test_node_removed(
         )
     finally:
         ray_cluster.add_worker()  # back to three nodes for the next scenario
+
+
+def test_control_plane_killed_during_training(http: httpx.Client) -> None:
+    """The /train call in flight is retried on the restarted control plane; afterwards every
+    gateway sees one consistent trained index and every item."""
+    n = 20_000
+    idx = create(http, seed_items=n)
+    before = control_actor()
+    assert before is not None
+    answer: dict[str, httpx.Response] = {}
+    trainer = threading.Thread(
+        target=lambda: answer.update(r=idx.post("indexes/train", n_lists=128)), daemon=True
+    )
+    trainer.start()
+    wait_until(
+        lambda: idx.name in ok(http.get("/v1/indexes/training-status"))["training_indexes"],
+        60,
+        "training to start",
+        0.02,
+    )
+    os.kill(before.pid, signal.SIGKILL)
+    trainer.join(300)
+    assert not trainer.is_alive(), "the /train call never returned"
+    assert ok(answer["r"])["status"] == "success"
+    after = control_actor()
+    assert after is not None and after.pid != before.pid
+    for i in range(20):  # both gateways
+        described = idx.describe()
+        assert described["is_trained"] is True
+        assert described["index_config"]["n_lists"] == 128
+        assert described["num_vectors"] == n
+        assert answers_correctly(idx, f"s{i * 997}")
+    assert sorted(idx.list_ids()) == sorted(f"s{i}" for i in range(n))
+    idx.drop()
