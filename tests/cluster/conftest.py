@@ -97,6 +97,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         "fault",
         "requests",
         "failed",
+        "failed_as",
         "wrong_or_partial",
         "writes_acked",
         "writes_lost",

@@ -64,6 +64,10 @@ def run_scenario(
             "fault": fault,
             "requests": s.requests,
             "failed": s.failed,
+            "failed_as": " ".join(
+                f"{n}x{st or 'conn'}" for st, n in s.statuses.items() if st != 200
+            )
+            or "-",
             "wrong_or_partial": s.wrong_or_partial,
             "writes_acked": s.writes_acked,
             "writes_lost": len(lost),
