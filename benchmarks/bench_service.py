@@ -313,16 +313,16 @@ def main(argv: list[str] | None = None) -> int:
         desc = client.describe(INDEX, key)
         print(
             f"ingest {t_ingest:.1f}s ({n / t_ingest:,.0f} items/s), train {t_train:.1f}s ({status}); "
-            f"describe: n_lists={desc['index_config']['n_lists']} num_vectors={desc['num_vectors']:,} "
-            f"shards={svc.settings.shards}"
+            f"describe: n_lists={desc['index_config']['n_lists']} num_vectors={desc['num_vectors']:,}"
         )
         try:
             cfg, centroids = service_internals(INDEX, key)
             auto_nprobe = cfg.auto_nprobe(k)
             table = cfg.nprobe_table
+            n_shards: int | str = cfg.n_shards
         except Exception as exc:  # the internals are a convenience, not part of the API
             print(f"(could not read the service's centroids / n_probes table: {exc!r})")
-            centroids, auto_nprobe, table = None, None, ()
+            centroids, auto_nprobe, table, n_shards = None, None, (), "?"
         nprobe = args.n_probes or auto_nprobe or 16
         print(
             f"n_probes={nprobe} (service automatic for top_k={k}: {auto_nprobe}; calibration table {table})"
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         title=(
             f"vaultvec vs raw faiss: N={n:,} d={args.dim} ivfflat n_lists={n_lists} n_probes={nprobe} "
             f"top_k={k}; batch={nq:,} queries x {args.repeats} interleaved repeats (median); single={args.single} "
-            f"requests; raw faiss threads={threads}; service shards={svc.settings.shards}"
+            f"requests; raw faiss threads={threads}; service shards={n_shards}"
         ),
     )
     print_table(
