@@ -41,6 +41,8 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     from serve_app.app import build_app
     from tests.integration.conftest import free_port
 
+    # Serve's proxy prefers replicas on its own node; the tests need both gateways to serve.
+    os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
     # Unix socket paths under RAY_TMPDIR must stay short (108 bytes).
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="vvc", dir="/tmp")
     cluster = Cluster(
