@@ -11,6 +11,7 @@ their own single-node Ray in this process.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -41,10 +42,14 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     from serve_app.app import build_app
     from tests.integration.conftest import free_port
 
+    # Unix socket paths under RAY_TMPDIR must stay short (108 bytes).
+    saved = {
+        k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING")
+    }
+    ray_tmp = tempfile.mkdtemp(prefix="vvc", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = ray_tmp
     # Serve's proxy prefers replicas on its own node; the tests need both gateways to serve.
     os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
-    # Unix socket paths under RAY_TMPDIR must stay short (108 bytes).
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="vvc", dir="/tmp")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -80,6 +85,12 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()
+    for name, value in saved.items():  # the integration tests start a plain local Ray next
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture()

@@ -9,6 +9,7 @@ and a clean exit on SIGTERM.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,3 +151,4 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             kill_tree(proc, ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
