@@ -200,19 +200,43 @@ async def pipeline(
         return error, True, sum(len(b.vectors) for b, _ in ready.values())
 
 
-def progress_bar(total: int, initial: int, unit: str, show: bool) -> Any:
+async def run_batches(
+    source: Source,
+    batch_size: int,
+    rows_before: int,
+    work: Callable[[Batch], Awaitable[Any]],
+    commit: Callable[[Batch, Any], None],
+    concurrency: int,
+    stop: asyncio.Event,
+    *,
+    unit: str,
+    show_progress: bool,
+) -> tuple[BaseException | None, bool, int]:
+    """:func:`pipeline` over ``source`` from row ``rows_before`` on, with a progress bar
+    (rate and ETA) on stderr."""
     from tqdm import tqdm
 
-    return tqdm(
-        total=total,
-        initial=initial,
+    bar = tqdm(
+        total=source.rows,
+        initial=rows_before,
         unit=unit,
         unit_scale=True,
         smoothing=0.05,
         dynamic_ncols=True,
-        disable=not show,
+        disable=not show_progress,
         file=sys.stderr,
     )
+    try:
+        return await pipeline(
+            source.batches(batch_size, rows_before // batch_size),
+            work,
+            commit,
+            concurrency,
+            stop,
+            lambda b: bar.update(len(b.vectors)),
+        )
+    finally:
+        bar.close()
 
 
 # -- bulk query -----------------------------------------------------------------------------
@@ -283,19 +307,17 @@ async def bulk_query(
         return await transport.query(batch.vectors, options)
 
     t0 = time.perf_counter()
-    bar = progress_bar(source.rows, rows_before, "q", show_progress)
-    try:
-        first = rows_before // batch_size
-        error, aborted, _ = await pipeline(
-            source.batches(batch_size, first),
-            work,
-            commit,
-            concurrency,
-            stop,
-            lambda b: bar.update(len(b.vectors)),
-        )
-    finally:
-        bar.close()
+    error, aborted, _ = await run_batches(
+        source,
+        batch_size,
+        rows_before,
+        work,
+        commit,
+        concurrency,
+        stop,
+        unit="q",
+        show_progress=show_progress,
+    )
     state_done = sink.flush()
     report.rows_done = int(state_done["rows"])
     report.batches_done = -(-report.rows_done // batch_size)
@@ -373,18 +395,17 @@ async def bulk_upsert(
         return await transport.upsert(batch, batch.row_ids(id_start))
 
     t0 = time.perf_counter()
-    bar = progress_bar(source.rows, rows_before, "vec", show_progress)
-    try:
-        error, aborted, extra = await pipeline(
-            source.batches(batch_size, rows_before // batch_size),
-            work,
-            commit,
-            concurrency,
-            stop,
-            lambda b: bar.update(len(b.vectors)),
-        )
-    finally:
-        bar.close()
+    error, aborted, extra = await run_batches(
+        source,
+        batch_size,
+        rows_before,
+        work,
+        commit,
+        concurrency,
+        stop,
+        unit="vec",
+        show_progress=show_progress,
+    )
     report.rows_done, report.batches_done = rows, -(-rows // batch_size)
     report.seconds = time.perf_counter() - t0
     report.error, report.extra_acknowledged = error, extra

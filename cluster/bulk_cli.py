@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,56 +143,54 @@ def _bulk_query(args: argparse.Namespace) -> int:
         greedy=True if args.greedy else None,
         include=include,
     )
-    transport = _transport(args)
-
-    async def job(stop: Any) -> bulk.Report:
-        try:
-            return await bulk.bulk_query(
-                args.input,
-                args.output,
-                transport,
-                options,
-                index=args.index,
-                batch_size=args.batch_size,
-                concurrency=args.concurrency,
-                chunk_rows=args.chunk_rows,
-                int_ids=args.int_ids,
-                restart=args.restart,
-                overwrite=args.overwrite,
-                show_progress=not args.no_progress,
-                stop=stop,
-            )
-        finally:
-            await transport.close()
-
-    return _run(job)
+    return _run(
+        _transport(args),
+        lambda transport, stop: bulk.bulk_query(
+            args.input,
+            args.output,
+            transport,
+            options,
+            index=args.index,
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+            chunk_rows=args.chunk_rows,
+            int_ids=args.int_ids,
+            restart=args.restart,
+            overwrite=args.overwrite,
+            show_progress=not args.no_progress,
+            stop=stop,
+        ),
+    )
 
 
 def _bulk_upsert(args: argparse.Namespace) -> int:
-    transport = _transport(args)
+    return _run(
+        _transport(args),
+        lambda transport, stop: bulk.bulk_upsert(
+            args.input,
+            transport,
+            index=args.index,
+            progress_file=args.progress_file,
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+            id_column=args.id_column,
+            id_start=args.id_start,
+            restart=args.restart,
+            show_progress=not args.no_progress,
+            stop=stop,
+        ),
+    )
+
+
+def _run(transport: Any, start: Callable[[Any, Any], Awaitable[bulk.Report]]) -> int:
+    """Run ``start(transport, stop)`` interruptibly, closing the transport at the end."""
 
     async def job(stop: Any) -> bulk.Report:
         try:
-            return await bulk.bulk_upsert(
-                args.input,
-                transport,
-                index=args.index,
-                progress_file=args.progress_file,
-                batch_size=args.batch_size,
-                concurrency=args.concurrency,
-                id_column=args.id_column,
-                id_start=args.id_start,
-                restart=args.restart,
-                show_progress=not args.no_progress,
-                stop=stop,
-            )
+            return await start(transport, stop)
         finally:
             await transport.close()
 
-    return _run(job)
-
-
-def _run(job: Any) -> int:
     try:
         report = bulk.run_interruptible(job)
     except (ValueError, FileExistsError, OSError) as exc:

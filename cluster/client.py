@@ -182,7 +182,8 @@ class Client(_Base):
 
     def create_index(self, name: str, key: str, **config: Any) -> Index:
         """``config``: index_type (ivfflat|ivf|ivfpq), dimension, metric, pq_dim, pq_bits,
-        embedding_model. Raises IndexExistsError if the name is taken."""
+        embedding_model, n_shards (default: the server's). Raises IndexExistsError if the name
+        is taken."""
         self.call(create_call(name, key, **config))
         return Index(self, name, key)
 
@@ -279,8 +280,9 @@ def create_call(
     pq_dim: int | None = None,
     pq_bits: int | None = None,
     embedding_model: str | None = None,
+    n_shards: int | None = None,
 ) -> Call:
     config = calls.drop_none(type=index_type, dimension=dimension, pq_dim=pq_dim, pq_bits=pq_bits)
     body: dict[str, Any] = {"index_name": name, "index_key": key, "index_config": config}
-    body.update(calls.drop_none(metric=metric, embedding_model=embedding_model))
+    body.update(calls.drop_none(metric=metric, embedding_model=embedding_model, n_shards=n_shards))
     return Call("/v1/indexes/create", body)

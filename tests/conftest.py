@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,24 @@ def clustered(
 
 def random_key() -> str:
     return np.random.default_rng().bytes(32).hex()
+
+
+def run_threads(target: Callable[[int], object], n: int) -> None:
+    """Run ``target(0), ..., target(n - 1)`` on ``n`` threads at once; fail on any error."""
+    errors: list[BaseException] = []
+
+    def wrapped(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
 
 
 # -- PostgreSQL --------------------------------------------------------------------------------

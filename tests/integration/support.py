@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -192,89 +191,3 @@ def ids_of(results: Iterable[dict[str, Any]]) -> list[str]:
 def assert_ascending(results: Sequence[dict[str, Any]]) -> None:
     d = [r["distance"] for r in results]
     assert all(a <= b for a, b in pairwise(d)), d
-
-
-# -- filter oracle -------------------------------------------------------------------------
-# A plain per-document interpreter of the documented filter language (DESIGN §4): equality on
-# scalars, comparison operators, $in/$nin, $exists, $and/$or, dot paths into nested objects, a
-# list value matches when any element matches, null matches a missing path or a null value.
-_MISSING = object()
-
-
-def _resolve(doc: Any, path: str) -> Any:
-    cur = doc
-    for seg in path.split("."):
-        if not isinstance(cur, dict) or seg not in cur:
-            return _MISSING
-        cur = cur[seg]
-    return cur
-
-
-def _kind(v: Any) -> str | None:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, (int, float)):
-        return "num" if not (isinstance(v, float) and math.isnan(v)) else None
-    if isinstance(v, str):
-        return "str"
-    return None
-
-
-def _leaves(value: Any) -> list[Any]:
-    if value is _MISSING:
-        return []
-    if isinstance(value, list):
-        return [e for e in value if not isinstance(e, (list, dict))]
-    return [value]
-
-
-def _eq(value: Any, operand: Any) -> bool:
-    if operand is None:
-        return value is _MISSING or any(v is None for v in _leaves(value))
-    return any(_kind(v) == _kind(operand) and v == operand for v in _leaves(value))
-
-
-def _cmp(value: Any, op: str, operand: Any) -> bool:
-    for v in _leaves(value):
-        if _kind(v) not in ("num", "str") or _kind(v) != _kind(operand):
-            continue
-        if (
-            (op == "$gt" and v > operand)
-            or (op == "$gte" and v >= operand)
-            or (op == "$lt" and v < operand)
-            or (op == "$lte" and v <= operand)
-        ):
-            return True
-    return False
-
-
-def matches(doc: dict[str, Any] | None, flt: dict[str, Any]) -> bool:
-    doc = doc or {}
-    for key, val in flt.items():
-        if key == "$and":
-            good = all(matches(doc, f) for f in val)
-        elif key == "$or":
-            good = any(matches(doc, f) for f in val)
-        elif isinstance(val, dict):
-            value = _resolve(doc, key)
-            good = True
-            for op, operand in val.items():
-                if op == "$eq":
-                    good &= _eq(value, operand)
-                elif op == "$ne":
-                    good &= not _eq(value, operand)
-                elif op == "$in":
-                    good &= any(_eq(value, o) for o in operand)
-                elif op == "$nin":
-                    good &= not any(_eq(value, o) for o in operand)
-                elif op == "$exists":
-                    good &= (value is not _MISSING) == operand
-                else:
-                    good &= _cmp(value, op, operand)
-        else:
-            good = _eq(_resolve(doc, key), val)
-        if not good:
-            return False
-    return True

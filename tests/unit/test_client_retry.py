@@ -166,7 +166,7 @@ def test_backoff_is_jittered_and_bounded() -> None:
 def test_requests_carry_the_api_key_and_orjson_bodies(sleeps: list[float]) -> None:
     handler, seen = counting([httpx.Response(200, json={"status": "success", "message": "ok"})])
     with make(handler) as c:
-        idx = c.create_index("docs", "ab" * 32, dimension=4, metric="cosine")
+        idx = c.create_index("docs", "ab" * 32, dimension=4, metric="cosine", n_shards=3)
     req = seen[0]
     assert req.headers["X-API-Key"] == "api-key"
     assert req.url.path == "/v1/indexes/create"
@@ -176,6 +176,7 @@ def test_requests_carry_the_api_key_and_orjson_bodies(sleeps: list[float]) -> No
         "index_key": "ab" * 32,
         "index_config": {"dimension": 4},
         "metric": "cosine",
+        "n_shards": 3,
     }
     assert "ab" * 32 not in repr(idx)
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from actors.store import LocalStore, Store, StoreError, key_join, open_store, redact_url
 from actors.store.local import _frame, parse_log
+from tests.conftest import run_threads
 
 BACKENDS = ["local", "postgresql"]
 
@@ -183,22 +184,13 @@ class TestStoreContract:
     def test_concurrent_appends_one_log(self, store: Store) -> None:
         threads, per_thread = 8, 150
         barrier = threading.Barrier(threads)
-        errors: list[BaseException] = []
 
         def worker(t: int) -> None:
-            try:
-                barrier.wait()
-                for i in range(per_thread):
-                    store.append("shared/log", f"{t}:{i}:".encode() + bytes([t]) * (i % 50))
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
+            barrier.wait()
+            for i in range(per_thread):
+                store.append("shared/log", f"{t}:{i}:".encode() + bytes([t]) * (i % 50))
 
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
-        assert not errors
+        run_threads(worker, threads)
         got = store.read_log("shared/log")
         assert len(got) == threads * per_thread
         seen: dict[int, list[int]] = {t: [] for t in range(threads)}
@@ -214,11 +206,7 @@ class TestStoreContract:
             for i in range(50):
                 store.append(f"logs/{t % 4}", f"{t}:{i}".encode())
 
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
+        run_threads(worker, 8)
         total = sum(len(store.read_log(f"logs/{n}")) for n in range(4))
         assert total == 8 * 50
 

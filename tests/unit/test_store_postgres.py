@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from actors.store import LocalStore, StoreError, open_store
+from tests.conftest import run_threads
 from tests.pg_server import PostgresServer, free_port
 
 psycopg = pytest.importorskip(
@@ -34,23 +35,6 @@ def _rows(url: str, query: str) -> list[tuple]:
         return conn.execute(query).fetchall()
 
 
-def _run_threads(target, n: int) -> None:
-    errors: list[BaseException] = []
-
-    def wrapped(i: int) -> None:
-        try:
-            target(i)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:3]
-
-
 def test_concurrent_appenders_from_two_stores_keep_every_record_in_order(
     fresh_postgres_url: str,
 ) -> None:
@@ -66,7 +50,7 @@ def test_concurrent_appenders_from_two_stores_keep_every_record_in_order(
             stores[w % 2].append("idx/wal", f"{w}:{i}".encode())
 
     try:
-        _run_threads(writer, writers)
+        run_threads(writer, writers)
         got = stores[0].read_log("idx/wal")
     finally:
         for s in stores:
@@ -97,7 +81,7 @@ def test_concurrent_put_get_never_see_partial_data(pg: PostgresStore) -> None:
             assert pg.get("blob") in values
             reads[0] += 1
 
-    _run_threads(worker, 4)
+    run_threads(worker, 4)
     assert reads[0] > 0
 
 
@@ -195,7 +179,7 @@ def test_many_stores_create_the_schema_at_once(fresh_postgres_url: str) -> None:
         barrier.wait()
         stores[i] = PostgresStore(fresh_postgres_url, pool_min=0)
 
-    _run_threads(opener, 8)
+    run_threads(opener, 8)
     stores[0].put("k", b"v")
     assert all(s.get("k") == b"v" for s in stores)
     for s in stores:
@@ -244,7 +228,7 @@ def test_server_restart_is_survived(postgres_server: PostgresServer) -> None:
         try:
             store.put("k", b"v1")
             store.append("wal", b"r1")
-            _run_threads(lambda i: store.get("k"), 3)  # several pooled connections
+            run_threads(lambda i: store.get("k"), 3)  # several pooled connections
             server.stop()
             for call in (lambda: store.get("k"), lambda: store.append("wal", b"lost")):
                 start = time.monotonic()
@@ -256,7 +240,7 @@ def test_server_restart_is_survived(postgres_server: PostgresServer) -> None:
             store.append("wal", b"r2")
             assert store.read_log("wal") == [b"r1", b"r2"]
             server.restart()  # no call in between: every pooled connection is stale
-            _run_threads(lambda i: store.append("wal", f"r{3 + i}".encode()), 3)
+            run_threads(lambda i: store.append("wal", f"r{3 + i}".encode()), 3)
             assert sorted(store.read_log("wal")) == [b"r1", b"r2", b"r3", b"r4", b"r5"]
             store.put("k", b"v2")
             assert store.get("k") == b"v2"
