@@ -11,7 +11,10 @@ ingests with the Python client (binary route), trains, and then answers the same
 * the bulk driver over the Ray transport (DeploymentHandle on the Serve app, no HTTP).
 
 Rounds are interleaved (raw, json, binary, ray, repeated) and medians reported as QPS and
-ratios to raw faiss. Bars: binary path and Ray transport >= 0.85x raw faiss.
+ratios to raw faiss. Bars: binary path and Ray transport >= 0.85x raw faiss. A second table
+gives each run's CPU by process (Linux /proc: this process, gateway, shards, Serve proxy, Ray's
+own daemons): when the service and raw faiss share the same few cores, the ratio of their
+total CPU bounds the QPS ratio.
 
 Ray starts its worker processes (the gateway, the shards) at niceness 15. Once the service is
 up, this process (raw faiss and the driver) moves to the same niceness, so that whatever else
@@ -36,6 +39,7 @@ import faiss
 import numpy as np
 from common import (
     API_KEY,
+    CpuMeter,
     environment,
     median,
     print_environment,
@@ -134,9 +138,11 @@ async def measure(
     conc: int,
     args: argparse.Namespace,
     threads: int,
+    cpu: CpuMeter,
 ) -> tuple[dict[str, list[float]], dict[str, np.ndarray], np.ndarray, list[list[Any]]]:
     """Interleaved rounds in one event loop: raw faiss (all cores, then one thread), then each
-    transport; then the optional batch-size / concurrency sweep."""
+    transport; then the optional batch-size / concurrency sweep. ``cpu`` records every
+    process's CPU during each timed run."""
     raw_all, raw_one = f"raw faiss, {threads} threads", "raw faiss, 1 thread"
     times: dict[str, list[float]] = {raw_all: [], raw_one: [], **{n: [] for n in transports}}
     found: dict[str, np.ndarray] = {}
@@ -147,12 +153,14 @@ async def measure(
     for _ in range(args.repeats):
         for name, nthreads in ((raw_all, threads), (raw_one, 1)):
             faiss.omp_set_num_threads(nthreads)
-            t0 = time.perf_counter()
-            _, raw_ids = index.search(q, k)
-            times[name].append(time.perf_counter() - t0)
+            with cpu.measure(name):
+                t0 = time.perf_counter()
+                _, raw_ids = index.search(q, k)
+                times[name].append(time.perf_counter() - t0)
         faiss.omp_set_num_threads(threads)
         for name, t in transports.items():
-            sec, ids = await run_driver(t, qfile, out, opts, batch, conc)
+            with cpu.measure(name):
+                sec, ids = await run_driver(t, qfile, out, opts, batch, conc)
             times[name].append(sec)
             found[name] = ids
     sweep: list[list[Any]] = []
@@ -189,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     qfile = tmp / "queries.npy"
     np.save(qfile, q)
     key = random_key()
+    cpu = CpuMeter()
     overrides: dict[str, Any] = {"shards": args.shards} if args.shards else {}
     if args.gateway_threads is not None:
         overrides["gateway_threads"] = args.gateway_threads
@@ -221,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.nice(WORKER_NICENESS - os.nice(0))
             env["niceness"] = os.nice(0)
             cfg, centroids = service_internals(INDEX, key)
+            assert centroids is not None, "the index was trained above"
             nprobe = args.n_probes or cfg.auto_nprobe(k)
             print(f"n_lists={cfg.n_lists} n_probes={nprobe} shards={cfg.n_shards}")
             index = raw_index(x, centroids, cfg.n_lists)
@@ -248,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     conc,
                     args,
                     threads,
+                    cpu,
                 )
             )
             truth = exact(x, q, k)
@@ -301,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "times (s): "
         + "; ".join(f"{name}: " + " ".join(f"{t:.3f}" for t in ts) for name, ts in times.items())
+    )
+    cpu.table(
+        best_raw,
+        title=(
+            "CPU milliseconds per run (all processes on the machine, median), by process: on "
+            f"{env['cores']} cores the service is bounded by its total CPU"
+        ),
     )
     if sweep:
         print_table(

@@ -8,7 +8,12 @@ centroids (read back from the service) and the same n_probes:
   (bar: service >= 0.5x raw faiss);
 * single queries: sequential requests on one keep-alive client -> p50/p99, against a no-op
   endpoint of the same Serve instance, GET /v1/health (bar: p50 <= 1.3x no-op p50);
+* the floor of the single-query path: a bare Serve application deployed next to vaultvec on the
+  same Serve instance (/floor) that only reads a POST body, and that also makes one no-op call
+  to as many actors as the index has shards -> p50 against the same no-op (info);
 * recall@10 of the service and of raw faiss against exact search;
+* CPU per batch by process (Linux /proc): on a small machine the service shares its cores with
+  the comparison, so its total CPU against raw faiss's bounds the batch ratio;
 * a client-side breakdown of one batch request (where the time goes).
 
 Usage: .venv/bin/python benchmarks/bench_service.py [--n 100000] [--check] [--json-out FILE]
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -29,6 +35,7 @@ import orjson
 from common import (
     JSON_OPTS,
     Client,
+    CpuMeter,
     environment,
     median,
     pct,
@@ -47,6 +54,8 @@ from actors.training import TrainParams, auto_n_lists, sample_size, train_templa
 BATCH_BAR = 0.5  # service batch QPS >= 0.5x raw faiss
 SINGLE_BAR = 1.3  # service single-query p50 <= 1.3x no-op p50
 INDEX = "bench"
+CPU_SERVICE = "service, batch JSON, include=[distance]"
+CPU_RAW = "raw faiss"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,12 +116,51 @@ def raw_index(
     return index
 
 
+def deploy_floor(n_shards: int) -> None:
+    """A bare Serve application on the same Serve instance, under /floor: what any design that
+    answers a POST on Serve and asks ``n_shards`` actors pays before doing any work.
+
+    POST /floor/body reads the body and answers; POST /floor/hop also sends the body to
+    ``n_shards`` no-op actors at once (one call each, as the gateway calls its shards). Plain
+    Serve HTTP (no FastAPI routing), so it is a lower bound."""
+    import ray
+    from ray import serve
+    from starlette.responses import Response
+
+    ok = b'{"ok":true}'
+
+    @ray.remote(num_cpus=0.01)
+    class Noop:
+        def ping(self, body: bytes) -> bytes:
+            return b""
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.05})
+    class Floor:
+        def __init__(self, n: int) -> None:
+            self.actors = [Noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
+
+        async def __call__(self, request: Any) -> Response:
+            body = await request.body()
+            if request.url.path.endswith("/hop"):
+                await asyncio.gather(*(a.ping.remote(body) for a in self.actors))
+            return Response(ok, media_type="application/json")
+
+    serve.run(Floor.bind(n_shards), name="floor", route_prefix="/floor")  # type: ignore[attr-defined]
+
+
 def measure_batches(
-    client: Client, bodies: list[bytes], index: faiss.Index, q: np.ndarray, k: int, repeats: int
+    client: Client,
+    bodies: list[bytes],
+    index: faiss.Index,
+    q: np.ndarray,
+    k: int,
+    repeats: int,
+    cpu: CpuMeter,
 ) -> tuple[list[list[float]], list[float], list[float], np.ndarray, np.ndarray]:
     """Batch timings, interleaved round by round (each service body, raw faiss with the set
     threads, raw faiss with one thread) so that background load hits every side alike.
-    Service time = POST + JSON decode of the response."""
+    Service time = POST + JSON decode of the response. ``cpu`` records every process's CPU
+    during the first body's requests and the raw faiss runs."""
     for body in bodies:  # warm-up
         client.query(body)
     index.search(q, k)
@@ -124,12 +172,14 @@ def measure_batches(
     found_raw: Any = None
     for _ in range(repeats):
         for j, body in enumerate(bodies):
-            t0 = time.perf_counter()
-            results = client.query(body)
-            svc_times[j].append(time.perf_counter() - t0)
+            with cpu.measure(CPU_SERVICE) if j == 0 else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                results = client.query(body)
+                svc_times[j].append(time.perf_counter() - t0)
             if j == 0:
                 found_svc = results
-        t, (_, found_raw) = timed(index.search, q, k)
+        with cpu.measure(CPU_RAW):
+            t, (_, found_raw) = timed(index.search, q, k)
         raw_times.append(t)
         faiss.omp_set_num_threads(1)
         raw1_times.append(timed(index.search, q, k)[0])
@@ -138,22 +188,27 @@ def measure_batches(
 
 
 def measure_single(
-    client: Client, bodies: list[bytes], warmup: int = 20
-) -> tuple[list[float], list[float]]:
-    """Sequential single queries interleaved with no-op GET /v1/health on the same client."""
+    client: Client, bodies: list[bytes], floor: bool, warmup: int = 20
+) -> dict[str, list[float]]:
+    """Sequential single queries interleaved with the no-op GET /v1/health on the same client
+    (and, with ``floor``, the same bodies to the bare /floor app's two routes)."""
+    calls: dict[str, Any] = {
+        "noop": lambda b: client.health(),
+        "query": client.query,
+    }
+    if floor:
+        calls["floor_body"] = lambda b: client.post("/floor/body", b)
+        calls["floor_hop"] = lambda b: client.post("/floor/hop", b)
     for b in bodies[:warmup]:
-        client.query(b)
-        client.health()
-    q_times, noop_times = [], []
+        for call in calls.values():
+            call(b)
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for b in bodies:
-        t0 = time.perf_counter()
-        client.health()
-        t1 = time.perf_counter()
-        client.query(b)
-        t2 = time.perf_counter()
-        noop_times.append(t1 - t0)
-        q_times.append(t2 - t1)
-    return q_times, noop_times
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(b)
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def raw_single(index: faiss.Index, q: np.ndarray, k: int, n: int) -> list[float]:
@@ -338,15 +393,23 @@ def main(argv: list[str] | None = None) -> int:
         inc_d = ["distance"]
         body_d = client.query_body(INDEX, key, q, k, nprobe, include=inc_d)
         body_default = client.query_body(INDEX, key, q, k, nprobe)
+        cpu = CpuMeter()
         (bt_d, bt_def), rt_b, rt_b1, found_svc, found_raw = measure_batches(
-            client, [body_d, body_default], index, q, k, args.repeats
+            client, [body_d, body_default], index, q, k, args.repeats, cpu
         )
 
         singles = [
             client.query_body(INDEX, key, q[i % nq], k, nprobe, include=inc_d)
             for i in range(args.single)
         ]
-        st_q, st_noop = measure_single(client, singles)
+        try:
+            deploy_floor(n_shards if isinstance(n_shards, int) else 2)
+            floor = True
+        except Exception as exc:  # the floor is a reference point, not part of the service
+            print(f"(could not deploy the /floor reference app: {exc!r})")
+            floor = False
+        st = measure_single(client, singles, floor)
+        st_q, st_noop = st["query"], st["noop"]
         st_raw = raw_single(index, q, k, args.single)
 
         print("profiling one batch request ...", flush=True)
@@ -360,6 +423,17 @@ def main(argv: list[str] | None = None) -> int:
     r50, r99 = pct(st_raw, 50) * 1e3, pct(st_raw, 99) * 1e3
     rec_svc, rec_raw = recall_at_k(found_svc, truth, k), recall_at_k(found_raw, truth, k)
     same = float(np.mean([set(a) == set(b) for a, b in zip(found_svc, found_raw)]))
+
+    floor_rows = []
+    for name, label in (
+        ("floor_body", "floor: bare Serve POST, same body (ms)"),
+        ("floor_hop", f"floor: same + 1 no-op call x {n_shards} actors (ms)"),
+    ):
+        if name in st:
+            f50 = pct(st[name], 50) * 1e3
+            floor_rows.append(
+                [label, f"{f50:.2f}", f"{n50:.2f} (no-op)", f"{f50 / n50:.2f}x", "-", "info"]
+            )
 
     def verdict(ok: bool) -> str:
         return "PASS" if ok else "FAIL"
@@ -408,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             "-",
             "info",
         ],
+        *floor_rows,
         [
             "single query p50 vs raw faiss (ms)",
             f"{p50:.2f}",
@@ -441,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
             f"vaultvec vs raw faiss: N={n:,} d={args.dim} ivfflat n_lists={n_lists} n_probes={nprobe} "
             f"top_k={k}; batch={nq:,} queries x {args.repeats} interleaved repeats (median); single={args.single} "
             f"requests; raw faiss threads={threads}; service shards={n_shards}"
+        ),
+    )
+    cpu.table(
+        CPU_RAW,
+        title=(
+            f"CPU milliseconds per {nq:,}-query batch (all processes on the machine, median), by "
+            f"process: on {env['cores']} cores the service is bounded by its total CPU"
         ),
     )
     print_table(
@@ -483,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
             "raw_faiss_p50_ms": r50,
             "raw_faiss_p99_ms": r99,
             "ratio_p50": p50 / n50,
+            **{
+                f"{name}_p50_ms": pct(st[name], 50) * 1e3 for name in st if name.startswith("floor")
+            },
             "bar": SINGLE_BAR,
             "pass": bool(ok_s),
         },

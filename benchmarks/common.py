@@ -102,6 +102,94 @@ def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=np.float64)))
 
 
+# -- CPU accounting -------------------------------------------------------------------------
+# Which process does what, by its command line (Ray names worker processes after their actor).
+CPU_ROLES = (
+    ("ray::Shard", "shards"),
+    ("Gateway", "gateway"),
+    ("ray::ProxyActor", "Serve proxy"),
+    ("Embedder", "other"),
+)
+CPU_COLUMNS = ("this process", "gateway", "shards", "Serve proxy", "Ray daemons", "other")
+
+
+def _proc_cpu() -> dict[int, tuple[str, float]]:
+    """pid -> (command line, CPU seconds so far) of every process visible in /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = (
+                Path(f"/proc/{entry}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode("utf-8", "replace")
+            )
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    return out
+
+
+def cpu_role(pid: int, cmd: str) -> str:
+    if pid == os.getpid():
+        return "this process"
+    for needle, role in CPU_ROLES:
+        if needle in cmd:
+            return role
+    if "/ray/" in cmd or cmd.startswith("ray::"):
+        return "Ray daemons"  # raylet, GCS, Serve controller, dashboard agent, log monitor
+    return "other"
+
+
+class CpuMeter:
+    """CPU seconds of every process on the machine during a block, grouped by role (Linux).
+
+    ``with meter.measure(label): ...`` adds that block's CPU per role to ``label``'s runs, so
+    a table can show where a request's CPU goes: the service on the same cores as raw faiss
+    is bounded by its total CPU, not by any one process. The kernel counts in clock ticks
+    (10 ms on most Linux systems), so short runs are coarse: take medians over rounds."""
+
+    def __init__(self) -> None:
+        self.available = Path("/proc/self/stat").exists()
+        self.runs: dict[str, list[dict[str, float]]] = {}
+
+    @contextlib.contextmanager
+    def measure(self, label: str) -> Iterator[None]:
+        if not self.available:
+            yield
+            return
+        before = _proc_cpu()
+        yield
+        after = _proc_cpu()
+        roles = dict.fromkeys(CPU_COLUMNS, 0.0)
+        for pid, (cmd, t) in after.items():
+            roles[cpu_role(pid, cmd)] += t - before.get(pid, (cmd, 0.0))[1]
+        self.runs.setdefault(label, []).append(roles)
+
+    def median(self, label: str) -> dict[str, float]:
+        runs = self.runs.get(label, [])
+        return {c: median([r[c] for r in runs]) for c in CPU_COLUMNS} if runs else {}
+
+    def table(self, baseline: str, title: str) -> None:
+        """Median CPU milliseconds per run by role, and the total against ``baseline``'s."""
+        if not self.available:
+            print("\n(CPU by process: needs Linux /proc; skipped)")
+            return
+        base = median([sum(r.values()) for r in self.runs.get(baseline, [])] or [float("nan")])
+        rows = []
+        for label, runs in self.runs.items():
+            m = self.median(label)
+            total = median([sum(r.values()) for r in runs])
+            cells = [f"{m[c] * 1e3:,.0f}" for c in CPU_COLUMNS]
+            rows.append([label, *cells, f"{total * 1e3:,.0f}", f"{total / base:.2f}x"])
+        print_table(["run", *CPU_COLUMNS, "total", "vs " + baseline], rows, title=title)
+
+
 # -- environment ----------------------------------------------------------------------------
 def environment() -> dict[str, Any]:
     import faiss
