@@ -20,7 +20,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from actors import codec, persistence
+from actors import codec, heap, persistence
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest
 from actors.items import ItemTable
@@ -52,6 +52,7 @@ class Shard:
         threads: int = 1,
         idle_ttl_s: float = 0.0,
     ) -> None:
+        heap.pin_mmap_threshold()  # a shard lives long and frees large blocks all the time
         self.store: Store = open_store(store_url)
         self.name = index_name
         self.index_id = index_id
