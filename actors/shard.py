@@ -24,7 +24,7 @@ from actors import codec, heap, persistence
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest
 from actors.items import ItemTable
-from actors.partition import PartitionIndex, serialize
+from actors.partition import PartitionIndex, deserialize, serialize
 from actors.rwlock import RWLock
 from actors.store import Store, open_store
 from actors.types import (
@@ -367,6 +367,14 @@ class Shard:
             fresh = PartitionIndex.from_template(template, dimension)
             for start in range(0, len(labels), batch_size):
                 fresh.add(labels[start : start + batch_size], vectors[start : start + batch_size])
+            del vectors
+            # Lists grown entry by entry hold up to twice their size, and the blocks they
+            # outgrew stay behind in the heap; a serialised copy allocates each list exactly
+            # (100k x 128 on 2 shards: 1,124 resident bytes per vector after training -> 964).
+            buf, radii = serialize(fresh.index), fresh.radii
+            del fresh
+            fresh = PartitionIndex(deserialize(buf), radii)
+            del buf
             with self._lock.write():
                 assert self._pending is not None
                 for op, arg in self._pending:
