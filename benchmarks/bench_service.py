@@ -12,6 +12,9 @@ centroids (read back from the service) and the same n_probes:
   same Serve instance (/floor) that only reads a POST body, and that also makes one no-op call
   to as many actors as the index has shards -> p50 against the same no-op (info);
 * recall@10 of the service and of raw faiss against exact search;
+* the shards' private resident memory (Linux RssAnon) per vector after ingest and after training,
+  over their memory with the index empty, against faiss's own index bytes per vector (the raw
+  index serialised) (DESIGN.md §8 budget: <= 1.3x);
 * CPU per batch by process (Linux /proc): on a small machine the service shares its cores with
   the comparison, so its total CPU against raw faiss's bounds the batch ratio;
 * a client-side breakdown of one batch request (where the time goes).
@@ -46,6 +49,7 @@ from common import (
     result_ids,
     running_service,
     service_internals,
+    shard_resident_bytes,
 )
 from common import clustered as make_clustered
 
@@ -53,6 +57,7 @@ from actors.training import TrainParams, auto_n_lists, sample_size, train_templa
 
 BATCH_BAR = 0.5  # service batch QPS >= 0.5x raw faiss
 SINGLE_BAR = 1.3  # service single-query p50 <= 1.3x no-op p50
+MEMORY_BAR = 1.3  # shard resident bytes per vector <= 1.3x faiss's own index bytes (DESIGN §8)
 INDEX = "bench"
 CPU_SERVICE = "service, batch JSON, include=[distance]"
 CPU_RAW = "raw faiss"
@@ -361,10 +366,20 @@ def main(argv: list[str] | None = None) -> int:
     with running_service(**overrides) as svc:
         client = Client(svc.url)
         client.create(INDEX, key, args.dim)
+        # One item in and out: every shard is up and has loaded its code before the baseline.
+        one = {"index_name": INDEX, "index_key": key}
+        client.post("/v1/vectors/upsert", one | {"items": [{"id": "-", "vector": x[0]}]})
+        client.post("/v1/vectors/delete", one | {"ids": ["-"]})
+        time.sleep(1.0)
+        mem0 = shard_resident_bytes()
         t_ingest = client.upsert(
             INDEX, key, x, ids, args.batch_size, label=f"{args.batch_size}/request"
         )
+        time.sleep(1.0)
+        mem_ingest = shard_resident_bytes()
         t_train, status = client.train(INDEX, key, n_lists)
+        time.sleep(1.0)
+        mem_train = shard_resident_bytes()
         desc = client.describe(INDEX, key)
         print(
             f"ingest {t_ingest:.1f}s ({n / t_ingest:,.0f} items/s), train {t_train:.1f}s ({status}); "
@@ -389,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"raw faiss IndexIVFFlat built in {t_build:.1f}s with {source} centroids, {threads} threads"
         )
+
+        faiss_bytes = len(faiss.serialize_index(index)) / n  # faiss's own index, per vector
 
         inc_d = ["distance"]
         body_d = client.query_body(INDEX, key, q, k, nprobe, include=inc_d)
@@ -433,6 +450,29 @@ def main(argv: list[str] | None = None) -> int:
             f50 = pct(st[name], 50) * 1e3
             floor_rows.append(
                 [label, f"{f50:.2f}", f"{n50:.2f} (no-op)", f"{f50 / n50:.2f}x", "-", "info"]
+            )
+
+    memory: dict[str, float] = {"faiss_index_bytes_per_vector": faiss_bytes}
+    mem_rows = []
+    ok_mem = True
+    if mem0 is not None and mem_ingest is not None and mem_train is not None:
+        for name, label, total in (
+            ("after_ingest", "shard memory after ingest (bytes/vector)", mem_ingest),
+            ("after_training", "shard memory after training (bytes/vector)", mem_train),
+        ):
+            per = (total - mem0) / n
+            memory[name] = per
+            ok = per <= MEMORY_BAR * faiss_bytes
+            ok_mem &= ok
+            mem_rows.append(
+                [
+                    label,
+                    f"{per:,.0f}",
+                    f"{faiss_bytes:,.0f} (faiss index)",
+                    f"{per / faiss_bytes:.2f}x",
+                    f"<= {MEMORY_BAR}x",
+                    "PASS" if ok else "FAIL",
+                ]
             )
 
     def verdict(ok: bool) -> str:
@@ -508,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             "info",
         ],
         [f"identical top-{k} sets service vs raw", f"{same:.4f}", "-", "-", "-", "info"],
+        *mem_rows,
     ]
     print_table(
         ["metric", "service", "raw faiss / no-op", "ratio", "bar", "result"],
@@ -572,13 +613,14 @@ def main(argv: list[str] | None = None) -> int:
             "pass": bool(ok_s),
         },
         recall={"service": rec_svc, "raw_faiss": rec_raw, "identical_sets": same},
+        memory=memory | {"bar": MEMORY_BAR, "pass": bool(ok_mem and mem_rows)},
         profile_ms={name: t * 1e3 for name, t, _ in prof},
     )
     if args.json_out:
         with open(args.json_out, "wb") as f:
             f.write(orjson.dumps(results, option=orjson.OPT_INDENT_2 | JSON_OPTS))
         print(f"results written to {args.json_out}")
-    passed = ok_b_d and ok_b_def and ok_s
+    passed = ok_b_d and ok_b_def and ok_s and ok_mem
     print(
         f"\nbars: {'all PASS' if passed else 'some FAIL'}"
         + ("" if args.check else " (no --check: exit 0)")

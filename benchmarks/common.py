@@ -146,6 +146,24 @@ def cpu_role(pid: int, cmd: str) -> str:
     return "other"
 
 
+def shard_resident_bytes() -> int | None:
+    """Private resident memory (RssAnon) of every shard actor process on this machine, summed;
+    None where /proc does not tell."""
+    total, seen = 0, False
+    for pid, (cmd, _) in _proc_cpu().items():
+        if cpu_role(pid, cmd) != "shards":
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("RssAnon:"):
+                total += int(line.split()[1]) * 1024
+                seen = True
+    return total if seen else None
+
+
 class CpuMeter:
     """CPU seconds of every process on the machine during a block, grouped by role (Linux).
 
