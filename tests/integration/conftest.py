@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +47,21 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         wal_max_records=16,
         max_body_bytes=8 << 20,
     )
-    url = runtime.start(settings)
-    yield Service(url, storage)
-    runtime.stop(joined=False)
+    # Ray's session (sockets, logs) in a directory of its own, removed afterwards; the path must
+    # stay short (Unix socket paths are limited to 108 bytes).
+    saved = os.environ.get("RAY_TMPDIR")
+    ray_tmp = tempfile.mkdtemp(prefix="vvi", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = ray_tmp
+    try:
+        url = runtime.start(settings)
+        yield Service(url, storage)
+        runtime.stop(joined=False)
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture()
