@@ -6,7 +6,9 @@ while most multi-megabyte buffers come from the per-thread malloc arenas instead
 runs actor calls on a pool of threads, each with its own arena, and the freed space stays
 resident. Measured on a 50,000-item ingest of 128-d vectors in batches of 2,500 on 16 threads:
 3,224 resident bytes per item, against 653 for the same shard loaded fresh; with the threshold
-pinned, 841 (tests/unit/test_heap.py measures it).
+pinned, 841 (tests/unit/test_heap.py measures it). A gateway replica frees request bodies and
+result buffers of megabytes: after 100,000 items upserted as JSON in requests of 5,000 it had
+grown by 63 MB, pinned by 33 MB (both flat over two more such ingests).
 
 Pinning M_MMAP_THRESHOLD (which also stops the dynamic adjustment) sends every block of
 128 KiB or more to mmap, so it is returned to the system when freed. Small blocks are

@@ -11,6 +11,7 @@ import ray
 from fastapi import FastAPI
 from ray import serve
 
+from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from cluster.settings import Settings
 from serve_app import __version__, arrays, errors
@@ -59,6 +60,7 @@ def control_plane(settings: Settings) -> Any:
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
+        heap.pin_mmap_threshold()  # request bodies and results: large blocks freed all the time
         s = Settings(**settings)
         if not s.api_key:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
