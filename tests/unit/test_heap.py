@@ -11,13 +11,14 @@ Measured in a fresh interpreter, so that nothing else this test session allocate
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from actors.heap import pin_mmap_threshold, resident_anon_bytes
+from actors.heap import resident_anon_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ print(json.dumps({"ingested": ingested / n, "loaded": loaded / n}))
 
 
 def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> None:
-    if resident_anon_bytes() is None or not pin_mmap_threshold():
+    if resident_anon_bytes() is None or platform.libc_ver()[0] != "glibc":
         pytest.skip("needs Linux /proc and glibc (mallopt)")
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT],
@@ -71,5 +72,6 @@ def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> Non
     per_item = json.loads(out.stdout.strip().splitlines()[-1])
     # 128 floats are 512 bytes: a loaded shard holds them plus its item table.
     assert 512 <= per_item["loaded"] < 1_000, per_item
-    # Without the pinned threshold this ratio was about 4.9 (see the module docstring).
+    # Without the pinned threshold an ingest left about 4.9x a fresh load (module docstring);
+    # in this script the fresh load itself then measured 1,744 bytes per item.
     assert per_item["ingested"] <= 1.6 * per_item["loaded"], per_item
