@@ -194,7 +194,8 @@ class CpuMeter:
         return {c: median([r[c] for r in runs]) for c in CPU_COLUMNS} if runs else {}
 
     def table(self, baseline: str, title: str) -> None:
-        """Median CPU milliseconds per run by role, and the total against ``baseline``'s."""
+        """Median CPU milliseconds per run by role, and the median of the runs' totals against
+        ``baseline``'s (so a row's roles need not add up to its total)."""
         if not self.available:
             print("\n(CPU by process: needs Linux /proc; skipped)")
             return
