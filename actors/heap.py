@@ -44,10 +44,11 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     return ok
 
 
-def resident_anon_bytes() -> int | None:
-    """This process's private resident memory (Linux RssAnon), or None where unknown."""
+def resident_anon_bytes(pid: int | str = "self") -> int | None:
+    """A process's private resident memory (Linux RssAnon; this one's by default), or None
+    where unknown."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     except OSError:

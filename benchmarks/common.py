@@ -149,19 +149,15 @@ def cpu_role(pid: int, cmd: str) -> str:
 def shard_resident_bytes() -> int | None:
     """Private resident memory (RssAnon) of every shard actor process on this machine, summed;
     None where /proc does not tell."""
-    total, seen = 0, False
-    for pid, (cmd, _) in _proc_cpu().items():
-        if cpu_role(pid, cmd) != "shards":
-            continue
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("RssAnon:"):
-                total += int(line.split()[1]) * 1024
-                seen = True
-    return total if seen else None
+    from actors.heap import resident_anon_bytes
+
+    sizes = [
+        resident_anon_bytes(pid)
+        for pid, (cmd, _) in _proc_cpu().items()
+        if cpu_role(pid, cmd) == "shards"
+    ]
+    known = [size for size in sizes if size is not None]
+    return sum(known) if known else None
 
 
 class CpuMeter:

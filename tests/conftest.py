@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +38,26 @@ def clustered(
 
 def random_key() -> str:
     return np.random.default_rng().bytes(32).hex()
+
+
+@contextlib.contextmanager
+def ray_tmpdir(prefix: str, **env: str) -> Iterator[str]:
+    """A RAY_TMPDIR of its own for a Ray started in this block, plus ``env``; afterwards the
+    variables are restored and the directory (sockets, session logs) removed. The path stays
+    short: Unix socket paths under it are limited to 108 bytes."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    values = {"RAY_TMPDIR": path, **env}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield path
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_threads(target: Callable[[int], object], n: int) -> None:

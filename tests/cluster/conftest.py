@@ -10,9 +10,6 @@ their own single-node Ray in this process.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +17,7 @@ import httpx
 import pytest
 
 from tests.cluster.support import API_KEY, REPORT, RayCluster
+from tests.conftest import ray_tmpdir
 from tests.pg_server import PostgresServer
 
 SYSTEM_CONFIG = {
@@ -42,55 +40,44 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     from serve_app.app import build_app
     from tests.integration.conftest import free_port
 
-    # Unix socket paths under RAY_TMPDIR must stay short (108 bytes).
-    saved = {
-        k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING")
-    }
-    ray_tmp = tempfile.mkdtemp(prefix="vvc", dir="/tmp")
-    os.environ["RAY_TMPDIR"] = ray_tmp
     # Serve's proxy prefers replicas on its own node; the tests need both gateways to serve.
-    os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "include_dashboard": False,
-            "_system_config": SYSTEM_CONFIG,
-        },
-    )
-    rc = RayCluster(cluster, url="")
-    for _ in range(2):
-        rc.add_worker()
-    ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
-    port = free_port()
-    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    args = {
-        "storage": postgres_server.create_database("vaultvec_cluster"),
-        "api_key": [API_KEY],
-        "gateway_replicas": 2,
-        "gateway_max_replicas_per_node": 1,
-        "gateway_num_cpus": 0.1,
-        "shard_num_cpus": 0.05,
-        "control_num_cpus": 0.05,
-        "embedder_num_cpus": 0.05,
-        "embedder_preload": False,
-        "auto_train_threshold": 1_000_000,
-        "shard_retries": 5,
-        "shard_timeout_s": 60.0,
-    }
-    serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
-    rc.url = f"http://127.0.0.1:{port}"
-    wait_healthy(rc.url, timeout_s=180)
-    yield rc
-    serve.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
-    for name, value in saved.items():  # the integration tests start a plain local Ray next
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # The variables are restored afterwards: the integration tests start a plain local Ray next.
+    with ray_tmpdir("vvc", RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING="0"):
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": False,
+                "_system_config": SYSTEM_CONFIG,
+            },
+        )
+        rc = RayCluster(cluster, url="")
+        for _ in range(2):
+            rc.add_worker()
+        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        port = free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        args = {
+            "storage": postgres_server.create_database("vaultvec_cluster"),
+            "api_key": [API_KEY],
+            "gateway_replicas": 2,
+            "gateway_max_replicas_per_node": 1,
+            "gateway_num_cpus": 0.1,
+            "shard_num_cpus": 0.05,
+            "control_num_cpus": 0.05,
+            "embedder_num_cpus": 0.05,
+            "embedder_preload": False,
+            "auto_train_threshold": 1_000_000,
+            "shard_retries": 5,
+            "shard_timeout_s": 60.0,
+        }
+        serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
+        rc.url = f"http://127.0.0.1:{port}"
+        wait_healthy(rc.url, timeout_s=180)
+        yield rc
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import ray_tmpdir
 from tests.integration.support import Index, create_index
 
 API_KEY = "test-api-key"
@@ -47,21 +46,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         wal_max_records=16,
         max_body_bytes=8 << 20,
     )
-    # Ray's session (sockets, logs) in a directory of its own, removed afterwards; the path must
-    # stay short (Unix socket paths are limited to 108 bytes).
-    saved = os.environ.get("RAY_TMPDIR")
-    ray_tmp = tempfile.mkdtemp(prefix="vvi", dir="/tmp")
-    os.environ["RAY_TMPDIR"] = ray_tmp
-    try:
+    with ray_tmpdir("vvi"):
         url = runtime.start(settings)
         yield Service(url, storage)
         runtime.stop(joined=False)
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture()
