@@ -6,6 +6,8 @@ ingests with the Python client (binary route), trains, and then answers the same
 
 * raw faiss in-process: IndexIVFFlat.search over all queries, on all cores and on one thread
   (the faster of the two is the baseline);
+* raw faiss searching in the shards' locality order (info): the scan order alone, without the
+  service, so that a reader sees how much of a ratio is the order and how much the service;
 * the bulk driver (cluster.bulk.bulk_query, .npy in -> .npy out) over HTTP with JSON bodies;
 * the bulk driver over HTTP with the binary routes;
 * the bulk driver over the Ray transport (DeploymentHandle on the Serve app, no HTTP).
@@ -41,6 +43,7 @@ from common import (
     API_KEY,
     CpuMeter,
     environment,
+    locality_search,
     median,
     print_environment,
     print_table,
@@ -51,6 +54,7 @@ from common import (
 )
 from common import clustered as make_clustered
 
+from actors.partition import principal_rank
 from actors.training import auto_n_lists
 from cluster import bulk
 from cluster.client import Client
@@ -58,6 +62,8 @@ from cluster.client import Client
 BAR = 0.85  # binary path and Ray transport >= 0.85x raw faiss QPS
 WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", "15"))  # noqa: SIM112 (Ray's name)
 INDEX = "bulk-bench"
+# raw faiss with the shards' scan order (info): what of a ratio is the order, not the service
+LOCALITY = "faiss, {threads} threads, locality order"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -144,7 +150,14 @@ async def measure(
     transport; then the optional batch-size / concurrency sweep. ``cpu`` records every
     process's CPU during each timed run."""
     raw_all, raw_one = f"raw faiss, {threads} threads", "raw faiss, 1 thread"
-    times: dict[str, list[float]] = {raw_all: [], raw_one: [], **{n: [] for n in transports}}
+    ordered = LOCALITY.format(threads=threads)
+    times: dict[str, list[float]] = {
+        raw_all: [],
+        raw_one: [],
+        ordered: [],
+        **{n: [] for n in transports},
+    }
+    rank = principal_rank(index.quantizer.reconstruct_n(0, index.nlist))
     found: dict[str, np.ndarray] = {}
     index.search(q, k)  # warm-up
     for t in transports.values():
@@ -158,6 +171,11 @@ async def measure(
                 _, raw_ids = index.search(q, k)
                 times[name].append(time.perf_counter() - t0)
         faiss.omp_set_num_threads(threads)
+        with cpu.measure(ordered):
+            t0 = time.perf_counter()
+            _, ordered_ids = locality_search(index, q, k, rank)
+            times[ordered].append(time.perf_counter() - t0)
+        assert (ordered_ids == raw_ids).all(), "locality order changed raw faiss's results"
         for name, t in transports.items():
             with cpu.measure(name):
                 sec, ids = await run_driver(t, qfile, out, opts, batch, conc)
@@ -270,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     best_raw = max(raw_names, key=lambda name: qps[name])
     raw_qps = qps[best_raw]
     rows = []
-    for name in raw_names:
+    for name in [*raw_names, LOCALITY.format(threads=threads)]:
         note = "baseline (the faster raw run)" if name == best_raw else "info"
         rows.append(
             [

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import faiss
 import httpx
 import numpy as np
 import orjson
+
+from actors.partition import locality_order
 
 REPO = Path(__file__).resolve().parents[1]
 SIFT_PATH = REPO.parent / "shared" / "data" / "sift-5k.tsv"
@@ -71,6 +74,20 @@ def exact_knn(
         out_i[start : start + chunk] = np.take_along_axis(part, order, axis=1)
         out_d[start : start + chunk] = np.take_along_axis(dp, order, axis=1)
     return np.maximum(out_d, 0), out_i
+
+
+def locality_search(
+    index: faiss.IndexIVF, q: np.ndarray, k: int, list_rank: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """raw faiss searched the way a shard searches a batch: coarse step, then the queries in
+    locality order (actors.partition.locality_order), results back in request order. Shows
+    how much of a service ratio is the scan order rather than the service."""
+    coarse, lists = index.quantizer.search(q, index.nprobe)
+    order = locality_order(lists, list_rank)
+    d, i = index.search_preassigned(q[order], k, lists[order], coarse[order])
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return d[back], i[back]
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
