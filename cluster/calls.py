@@ -8,12 +8,12 @@ counts array + flat ids + base64 distances out); smaller ones to the JSON routes
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+import pybase64
 
 from cluster.errors import InvalidRequestError
 
@@ -72,7 +72,7 @@ def as_f32_matrix(vectors: Any) -> tuple[np.ndarray, bool]:
 
 
 def b64(x: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(x, dtype=F32).data).decode("ascii")
+    return pybase64.b64encode_as_string(np.ascontiguousarray(x, dtype=F32).data)
 
 
 def chunks(n: int, rows: int) -> list[slice]:
@@ -130,7 +130,7 @@ def decode_binary_query(body: dict[str, Any]) -> QueryResult:
     counts = np.asarray(body["counts"], dtype=np.int64)
     dist = None
     if body.get("distances") is not None:
-        raw = base64.b64decode(body["distances"])
+        raw = pybase64.b64decode(body["distances"])
         dist = np.frombuffer(raw, dtype=F32).reshape(nq, k)
     meta = body.get("metadata")
     return QueryResult(

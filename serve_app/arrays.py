@@ -8,7 +8,6 @@ float32 bytes, row-major, plus a ``[rows, dimension]`` shape.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import logging
 import uuid
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pybase64
 
 from actors.errors import InternalError, InvalidRequest, Unavailable, VaultvecError
 from serve_app import service
@@ -47,7 +47,7 @@ def decode_matrix(data: str, shape: Sequence[int], field: str) -> np.ndarray:
     if rows < 1 or dim < 1:
         raise InvalidRequest(f"{field}: shape must be [rows >= 1, dimension >= 1]")
     try:
-        raw = base64.b64decode(data, validate=True)
+        raw = pybase64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequest(f"{field} is not valid base64") from None
     if len(raw) != rows * dim * 4:
@@ -59,7 +59,7 @@ def decode_matrix(data: str, shape: Sequence[int], field: str) -> np.ndarray:
 
 
 def encode_matrix(x: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(x, dtype=F32).tobytes()).decode("ascii")
+    return pybase64.b64encode_as_string(np.ascontiguousarray(x, dtype=F32).tobytes())
 
 
 def resolve_include(include: Sequence[str] | None) -> tuple[bool, bool]:
