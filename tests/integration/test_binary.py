@@ -114,6 +114,31 @@ def test_fewer_matches_than_top_k(filled: Index, data: np.ndarray) -> None:
     assert decode(body) == as_f32(filled.query(query_vectors=q, top_k=200, filters=flt))
 
 
+def test_large_batch_equals_small_batches_and_exact_search(
+    make_index: Callable[..., Index], data: np.ndarray
+) -> None:
+    """16,000 queries in one request to a trained index: the shards get one stored copy of a
+    >1 MB request and scan it in locality order. With every list probed the answers are exact
+    search's, and those of the same queries in small batches."""
+    idx = make_index(dimension=D)
+    idx.upsert_arrays([f"v{i}" for i in range(N)], data)
+    assert idx.train(n_lists=8)["status"] == "success"
+    rng = np.random.default_rng(8)
+    noise = 0.05 * rng.normal(size=(16_000, D))
+    q = (data[rng.integers(0, N, 16_000)] + noise).astype(np.float32)
+    fields: dict[str, Any] = {"top_k": 5, "n_probes": 8, "include": ["distance"]}
+    big = decode(ok(query_binary(idx, q, **fields)))
+    small = [
+        row
+        for start in range(0, len(q), 4000)
+        for row in decode(ok(query_binary(idx, q[start : start + 4000], **fields)))
+    ]
+    assert big == small
+    d2 = ((q[:, None, :] - data[None, :, :]) ** 2).sum(-1)
+    exact = np.argsort(d2, axis=1)[:, :5]
+    assert [[e["id"] for e in row] for row in big] == [[f"v{j}" for j in r] for r in exact]
+
+
 def test_binary_upsert_equals_json_upsert(
     make_index: Callable[..., Index], data: np.ndarray
 ) -> None:
