@@ -226,12 +226,16 @@ class PartitionIndex:
 LOCALITY_MIN_QUERIES = 32
 
 
-def principal_rank(centroids: np.ndarray, iterations: int = 30) -> np.ndarray:
-    """Rank of each centroid along the centroids' first principal axis (power iteration, fixed
-    start: every shard computes the same ranks). Lists with close ranks lie close together."""
+def principal_rank(centroids: np.ndarray, sample: int = 4096, iterations: int = 20) -> np.ndarray:
+    """Rank of each centroid along the centroids' first principal axis; lists with close ranks
+    lie close together. The axis comes from power iteration on at most ``sample`` centroids,
+    so it costs milliseconds for any n_lists; the fixed seed gives every shard the same ranks."""
     n = len(centroids)
-    c = centroids.astype(np.float64) - centroids.mean(axis=0)
-    v = np.random.default_rng(0).normal(size=c.shape[1])
+    rng = np.random.default_rng(0)
+    rows = rng.choice(n, sample, replace=False) if n > sample else slice(None)
+    c = centroids[rows].astype(np.float64)
+    c -= c.mean(axis=0)
+    v = rng.normal(size=(c.shape[1],))
     for _ in range(iterations):
         w = c.T @ (c @ v)
         norm = np.linalg.norm(w)
@@ -239,7 +243,8 @@ def principal_rank(centroids: np.ndarray, iterations: int = 30) -> np.ndarray:
             break
         v = w / norm
     rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(c @ v, kind="stable")] = np.arange(n)
+    axis = v.astype(centroids.dtype)
+    rank[np.argsort(centroids @ axis, kind="stable")] = np.arange(n)
     return rank
 
 
