@@ -11,6 +11,7 @@ centroids (read back from the service) and the same n_probes:
 * the floor of the single-query path: a bare Serve application deployed next to vaultvec on the
   same Serve instance (/floor) that only reads a POST body, and that also makes one no-op call
   to as many actors as the index has shards -> p50 against the same no-op (info);
+* the same batch with two requests in flight (info: throughput under load);
 * raw faiss searched in the shards' locality order (info: how much of the batch ratio is the
   scan order), and the batch body posted to the bare /floor app (info: Serve's own share);
 * the single query against that POST no-op too (info: GET /v1/health carries no body, and Serve
@@ -34,6 +35,7 @@ import contextlib
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faiss
@@ -203,6 +205,25 @@ def measure_batches(
         assert (found_ordered == found_raw).all(), "locality order changed raw faiss's results"
     raw_runs = {"raw": raw_times, "raw1": raw1_times, "ordered": ordered_times}
     return svc_times, raw_runs, result_ids(found_svc, k), found_raw
+
+
+def measure_in_flight(url: str, body: bytes, repeats: int, clients: int = 2) -> list[float]:
+    """Seconds per batch with ``clients`` batch requests in flight (one client each, two
+    requests per client per round): the service's batch throughput under load, where one
+    request's serial phases (Serve's transfer, parsing, the answer) overlap another's search."""
+    pool = [Client(url) for _ in range(clients)]
+    try:
+        with ThreadPoolExecutor(clients) as ex:
+            list(ex.map(lambda c: c.query(body), pool))  # warm-up
+            per_batch = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                list(ex.map(lambda c: [c.query(body) for _ in range(2)], pool))
+                per_batch.append((time.perf_counter() - t0) / (2 * clients))
+        return per_batch
+    finally:
+        for c in pool:
+            c.close()
 
 
 def measure_single(
@@ -428,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             client, [body_d, body_default], index, q, k, args.repeats, cpu
         )
         rt_b, rt_b1 = raw_runs["raw"], raw_runs["raw1"]
+        bt_flight = measure_in_flight(svc.url, body_d, args.repeats)
 
         singles = [
             client.query_body(INDEX, key, q[i % nq], k, nprobe, include=inc_d)
@@ -455,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     qps_d, qps_def, qps_raw = nq / median(bt_d), nq / median(bt_def), nq / median(rt_b)
     qps_raw1 = nq / median(rt_b1)
     qps_ordered = nq / median(raw_runs["ordered"])
+    qps_flight = nq / median(bt_flight)
     p50, p99 = pct(st_q, 50) * 1e3, pct(st_q, 99) * 1e3
     n50, n99 = pct(st_noop, 50) * 1e3, pct(st_noop, 99) * 1e3
     r50, r99 = pct(st_raw, 50) * 1e3, pct(st_raw, 99) * 1e3
@@ -552,6 +575,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{qps_d:,.0f}",
             f"{qps_raw1:,.0f} (raw, 1 thread)",
             f"{qps_d / qps_raw1:.3f}x",
+            "-",
+            "info",
+        ],
+        [
+            "batch QPS, JSON, 2 requests in flight",
+            f"{qps_flight:,.0f}",
+            f"{qps_raw:,.0f} (raw faiss)",
+            f"{qps_flight / qps_raw:.3f}x",
             "-",
             "info",
         ],
@@ -655,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             "service_default_s": bt_def,
             "raw_s": rt_b,
             "raw_1_thread_s": rt_b1,
+            "service_qps_2_in_flight": qps_flight,
+            "service_2_in_flight_s_per_batch": bt_flight,
             "locality_order_faiss_qps": qps_ordered,
             "locality_order_faiss_s": raw_runs["ordered"],
             "serve_floor_s": batch_floor,
