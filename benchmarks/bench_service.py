@@ -19,7 +19,8 @@ centroids (read back from the service) and the same n_probes:
 * recall@10 of the service and of raw faiss against exact search;
 * the shards' private resident memory (Linux RssAnon) per vector after ingest and after training,
   over their memory with the index empty, against faiss's own index bytes per vector (the raw
-  index serialised) (DESIGN.md §8 budget: <= 1.3x);
+  index serialised) (DESIGN.md §8 budget: <= 1.3x); and, as info, what raw faiss itself keeps
+  resident when a fresh process adds the same vectors in the shards' batch size;
 * CPU per batch by process (Linux /proc): on a small machine the service shares its cores with
   the comparison, so its total CPU against raw faiss's bounds the batch ratio;
 * a client-side breakdown of one batch request (where the time goes).
@@ -46,6 +47,7 @@ from common import (
     Client,
     CpuMeter,
     environment,
+    faiss_resident_bytes,
     locality_search,
     median,
     pct,
@@ -440,6 +442,16 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         faiss_bytes = len(faiss.serialize_index(index)) / n  # faiss's own index, per vector
+        faiss_resident: dict[str, float | None] = {}
+        if centroids is not None and isinstance(n_shards, int):
+            # As the shards were filled (each gets its share of every upsert request), and as a
+            # training rebuild fills them (everything at once).
+            faiss_resident = {
+                "in the shards' batches": faiss_resident_bytes(
+                    x, centroids, max(1, args.batch_size // n_shards)
+                ),
+                "at once": faiss_resident_bytes(x, centroids, n),
+            }
 
         inc_d = ["distance"]
         body_d = client.query_body(INDEX, key, q, k, nprobe, include=inc_d)
@@ -526,6 +538,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     memory: dict[str, float] = {"faiss_index_bytes_per_vector": faiss_bytes}
     mem_rows = []
+    for how, per_vector in faiss_resident.items():
+        if per_vector is None:
+            continue
+        memory[f"faiss_resident_bytes_per_vector_added_{how.split()[-1]}"] = per_vector
+        mem_rows.append(
+            [
+                f"raw faiss resident, added {how} (bytes/vector)",
+                f"{per_vector:,.0f}",
+                f"{faiss_bytes:,.0f} (faiss index)",
+                f"{per_vector / faiss_bytes:.2f}x",
+                "-",
+                "info",
+            ]
+        )
     ok_mem = True
     if mem0 is not None and mem_ingest is not None and mem_train is not None:
         for name, label, total in (

@@ -177,6 +177,47 @@ def shard_resident_bytes() -> int | None:
     return sum(known) if known else None
 
 
+_FAISS_RESIDENT = """
+import sys
+import faiss, numpy as np
+from actors.heap import resident_anon_bytes
+x, centroids = np.load(sys.argv[1]), np.load(sys.argv[2])
+batch = int(sys.argv[3])
+faiss.omp_set_num_threads(1)
+quantizer = faiss.IndexFlatL2(x.shape[1])
+quantizer.add(centroids)
+index = faiss.IndexIVFFlat(quantizer, x.shape[1], len(centroids), faiss.METRIC_L2)
+index.is_trained = True
+before = resident_anon_bytes()
+for start in range(0, len(x), batch):
+    index.add(x[start : start + batch])
+print((resident_anon_bytes() - before) / len(x))
+"""
+
+
+def faiss_resident_bytes(x: np.ndarray, centroids: np.ndarray, batch: int) -> float | None:
+    """Private resident bytes per vector of raw faiss holding ``x``: a fresh Python process
+    builds an IndexIVFFlat on ``centroids`` and adds ``x`` in batches of ``batch`` (as a shard
+    receives them). Unlike the serialised size this counts what faiss's own allocations keep
+    resident (growth slack of the inverted lists); None where /proc does not tell."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="vvmem-") as tmp:
+        xf, cf = Path(tmp) / "x.npy", Path(tmp) / "c.npy"
+        np.save(xf, np.ascontiguousarray(x, dtype=np.float32))
+        np.save(cf, np.ascontiguousarray(centroids, dtype=np.float32))
+        out = subprocess.run(
+            [sys.executable, "-c", _FAISS_RESIDENT, str(xf), str(cf), str(batch)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+    try:
+        return float(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
 class CpuMeter:
     """CPU seconds of every process on the machine during a block, grouped by role (Linux).
 
