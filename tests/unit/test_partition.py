@@ -80,13 +80,17 @@ def test_locality_order_groups_queries_by_their_lists() -> None:
     assert locality_order(np.array([[3], [1], [3], [0]]), reverse).tolist() == [0, 2, 1, 3]
 
 
-def test_principal_rank_follows_the_centroids_main_axis() -> None:
+@pytest.mark.parametrize("n", [50, 6000])  # 6,000: the axis comes from a sample of them
+def test_principal_rank_follows_the_centroids_main_axis(n: int) -> None:
     rng = np.random.default_rng(5)
-    t = rng.permutation(50).astype(np.float32)
+    t = rng.permutation(n).astype(np.float32)
     centroids = np.outer(t, rng.normal(size=16)).astype(np.float32)  # points on one line
     centroids += 1e-3 * rng.normal(size=centroids.shape).astype(np.float32)
     rank = principal_rank(centroids)
-    assert sorted(rank.tolist()) == list(range(50))
+    assert sorted(rank.tolist()) == list(range(n))
     by_t = rank[np.argsort(t)]
     assert (np.diff(by_t) == 1).all() or (np.diff(by_t) == -1).all()
+
+
+def test_principal_rank_of_one_list() -> None:
     assert principal_rank(np.zeros((1, 8), dtype=np.float32)).tolist() == [0]
