@@ -11,7 +11,8 @@ result buffers of megabytes: after 100,000 items upserted as JSON in requests of
 grown by 63 MB, pinned by 33 MB (both flat over two more such ingests).
 
 Pinning M_MMAP_THRESHOLD (which also stops the dynamic adjustment) sends every block of
-128 KiB or more to mmap, so it is returned to the system when freed. Small blocks are
+128 KiB or more to mmap, so it is returned to the system when freed. Smaller blocks freed in a
+burst (a training rebuild replaces every inverted list) are given back by :func:`trim`. Small blocks are
 unaffected; a large one costs an mmap and its page faults, microseconds against the
 milliseconds of the faiss work it serves.
 """
@@ -22,26 +23,44 @@ import ctypes
 import ctypes.util
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("vaultvec.heap")
 M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
 MMAP_THRESHOLD = 128 << 10  # glibc's initial default
 
 
-def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Pin glibc's mmap threshold for this process; False where that is not possible (no glibc)."""
+def _glibc(symbol: str) -> Any:
+    """A glibc function of this process, or None where there is no glibc (musl, macOS)."""
     name = ctypes.util.find_library("c")
     if name is None:
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        return getattr(ctypes.CDLL(name), symbol)
     except (OSError, AttributeError):
-        return False  # not glibc (musl, macOS): nothing to pin
+        return None
+
+
+def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Pin glibc's mmap threshold for this process; False where that is not possible (no glibc)."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False  # not glibc: nothing to pin
     ok = bool(mallopt(M_MMAP_THRESHOLD, threshold))
     if not ok:
         log.warning("mallopt(M_MMAP_THRESHOLD, %d) failed", threshold)
     return ok
+
+
+def trim() -> bool:
+    """Give the free pages inside glibc's heaps back to the system (``malloc_trim(0)``); False
+    where there is no glibc. For after a burst of frees of small blocks, such as the inverted
+    lists of a partition replaced by training: blocks under the mmap threshold come from the
+    malloc arenas, and their pages stay resident until trimmed."""
+    malloc_trim = _glibc("malloc_trim")
+    if malloc_trim is None:
+        return False
+    return bool(malloc_trim(0))
 
 
 def resident_anon_bytes(pid: int | str = "self") -> int | None:

@@ -388,6 +388,8 @@ class Shard:
                 old_gen, self.gen = self.gen, self.gen + 1
                 self._wal_records = self._wal_bytes = 0
             self._write_snapshot(key, frame, old_gen)
+            del frame
+        heap.trim()  # the replaced partition's lists were freed: return their pages
         return self.stats(key)
 
     def retire(self) -> None:
