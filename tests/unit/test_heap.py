@@ -22,12 +22,17 @@ from actors.heap import resident_anon_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
-SCRIPT = r"""
-import gc, itertools, json, os, sys, tempfile
+# Ingests n items of 128 floats on 16 threads into a fresh shard (as Ray runs a shard's calls
+# on a pool of threads), after taking the resident memory in ``before``; the scripts below go
+# on from there inside the ``with`` block.
+INGEST = r"""
+import gc, itertools, json, os, tempfile
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from actors.heap import resident_anon_bytes
+from actors.partition import serialize
 from actors.shard import Shard
+from actors.training import TrainParams, train_template
 from actors.types import UpsertBatch
 
 n, batch, threads, dim = 30_000, 1_500, 16, 128
@@ -44,9 +49,14 @@ with tempfile.TemporaryDirectory() as root:
         ids = tuple(str(i) for i in range(start, start + batch))
         b = UpsertBatch(ids, x[start:start + batch], None, (None,) * batch, (None,) * batch)
         next(turn).submit(shard.upsert, key, b).result()
+    assert shard.stats(key).count == n
+"""
+
+INGEST_THEN_LOAD = (
+    INGEST
+    + r"""
     gc.collect()
     ingested = resident_anon_bytes() - before
-    assert shard.stats(key).count == n
     del shard
     gc.collect()
     before = resident_anon_bytes()
@@ -54,76 +64,53 @@ with tempfile.TemporaryDirectory() as root:
     assert fresh.stats(key).count == n  # loads the snapshot and the WAL
     gc.collect()
     loaded = resident_anon_bytes() - before
-print(json.dumps({"ingested": ingested / n, "loaded": loaded / n}))
+    print(json.dumps({"ingested": ingested / n, "loaded": loaded / n}))
 """
+)
+
+INGEST_THEN_TRAIN = (
+    INGEST
+    + r"""
+    template = train_template(x[:8000], "ivfflat", 256, None, None, TrainParams(max_iters=4))
+    for version in (1, 2):  # train, then train again: each rebuild replaces every list
+        next(turn).submit(shard.rebuild, key, version, serialize(template)).result()
+    del template
+    gc.collect()
+    assert shard.stats(key).count == n
+    print(json.dumps({"trained": (resident_anon_bytes() - before) / n}))
+"""
+)
 
 
-def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> None:
+def per_item(script: str) -> dict[str, float]:
+    """Resident bytes per item that ``script`` reports, measured in a fresh interpreter."""
     if resident_anon_bytes() is None or platform.libc_ver()[0] != "glibc":
-        pytest.skip("needs Linux /proc and glibc (mallopt)")
+        pytest.skip("needs Linux /proc and glibc (mallopt, malloc_trim)")
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
+        [sys.executable, "-c", script],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
     )
-    per_item = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> None:
+    got = per_item(INGEST_THEN_LOAD)
     # 128 floats are 512 bytes: a loaded shard holds them plus its item table.
-    assert 512 <= per_item["loaded"] < 1_000, per_item
+    assert 512 <= got["loaded"] < 1_000, got
     # Without the pinned threshold an ingest left about 4.9x a fresh load (module docstring);
     # in this script the fresh load itself then measured 1,744 bytes per item.
-    assert per_item["ingested"] <= 1.6 * per_item["loaded"], per_item
-
-
-TRAIN_SCRIPT = r"""
-import gc, itertools, json, os, tempfile
-from concurrent.futures import ThreadPoolExecutor
-import numpy as np
-from actors.heap import resident_anon_bytes
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
-from actors.types import UpsertBatch
-
-n, batch, threads, dim = 30_000, 1_500, 16, 128
-rng = np.random.default_rng(0)
-x = rng.standard_normal((n, dim), dtype=np.float32)
-template = serialize(train_template(x[:8000], "ivfflat", 256, None, None, TrainParams(max_iters=4)))
-key = os.urandom(32)
-with tempfile.TemporaryDirectory() as root:
-    shard = Shard(f"file://{root}", "heap", "id-heap", 0)
-    pools = [ThreadPoolExecutor(1) for _ in range(threads)]
-    turn = itertools.cycle(pools)
-    gc.collect()
-    before = resident_anon_bytes()
-    for start in range(0, n, batch):
-        ids = tuple(str(i) for i in range(start, start + batch))
-        b = UpsertBatch(ids, x[start:start + batch], None, (None,) * batch, (None,) * batch)
-        next(turn).submit(shard.upsert, key, b).result()
-    for version in (1, 2):  # train, then train again: each rebuild replaces every list
-        next(turn).submit(shard.rebuild, key, version, template).result()
-    gc.collect()
-    assert shard.stats(key).count == n
-print(json.dumps({"trained": (resident_anon_bytes() - before) / n}))
-"""
+    assert got["ingested"] <= 1.6 * got["loaded"], got
 
 
 def test_training_gives_the_replaced_lists_back() -> None:
     """A rebuild frees every inverted list of the partition it replaces; those blocks are
     small (under the mmap threshold), so without actors.heap.trim their pages stay resident:
-    this script measured 1,444 bytes per item after two trainings, 943 with it."""
-    if resident_anon_bytes() is None or platform.libc_ver()[0] != "glibc":
-        pytest.skip("needs Linux /proc and glibc (malloc_trim)")
-    out = subprocess.run(
-        [sys.executable, "-c", TRAIN_SCRIPT],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    per_item = json.loads(out.stdout.strip().splitlines()[-1])
+    this script measured 1,356 bytes per item after two trainings, 984 with it."""
+    got = per_item(INGEST_THEN_TRAIN)
     # 128 floats are 512 bytes, plus the item table and faiss's id map.
-    assert 512 <= per_item["trained"] < 1_150, per_item
+    assert 512 <= got["trained"] < 1_150, got
