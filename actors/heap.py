@@ -11,10 +11,10 @@ result buffers of megabytes: after 100,000 items upserted as JSON in requests of
 grown by 63 MB, pinned by 33 MB (both flat over two more such ingests).
 
 Pinning M_MMAP_THRESHOLD (which also stops the dynamic adjustment) sends every block of
-128 KiB or more to mmap, so it is returned to the system when freed. Smaller blocks freed in a
-burst (a training rebuild replaces every inverted list) are given back by :func:`trim`. Small blocks are
-unaffected; a large one costs an mmap and its page faults, microseconds against the
-milliseconds of the faiss work it serves.
+128 KiB or more to mmap, so it is returned to the system when freed. Smaller blocks still come
+from the arenas; a large one costs an mmap and its page faults, microseconds against the
+milliseconds of the faiss work it serves. When many small blocks are freed at once (a training
+rebuild replaces every inverted list), :func:`trim` gives their pages back.
 """
 
 from __future__ import annotations
