@@ -84,8 +84,8 @@ class PartitionIndex:
 
     @functools.cached_property
     def list_rank(self) -> np.ndarray:
-        """Each list's rank along the centroids' first principal axis (:func:`locality_order`)."""
-        return principal_rank(centroids_of(self.index))
+        """This partition's :func:`rank_lists`, computed once."""
+        return rank_lists(self.index)
 
     @classmethod
     def from_template(cls, template: np.ndarray | None, dimension: int) -> PartitionIndex:
@@ -182,9 +182,7 @@ class PartitionIndex:
         )
         del selector
         if order is not None:
-            back = np.empty_like(order)
-            back[order] = np.arange(n)
-            distances, labels = distances[back], labels[back]
+            distances, labels = request_order(order, distances, labels)
         return distances, labels
 
     def search_greedy(
@@ -246,6 +244,21 @@ def principal_rank(centroids: np.ndarray, sample: int = 4096, iterations: int = 
     axis = v.astype(centroids.dtype)
     rank[np.argsort(centroids @ axis, kind="stable")] = np.arange(n)
     return rank
+
+
+def rank_lists(index: faiss.IndexIVF) -> np.ndarray:
+    """Each list's rank along the centroids' first principal axis (:func:`locality_order`)."""
+    return principal_rank(centroids_of(index))
+
+
+def request_order(order: np.ndarray, *rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-query arrays computed in ``order`` (a permutation), put back in request order."""
+    out = []
+    for a in rows:
+        back = np.empty_like(a)
+        back[order] = a
+        out.append(back)
+    return tuple(out)
 
 
 def locality_order(list_nos: np.ndarray, list_rank: np.ndarray) -> np.ndarray:

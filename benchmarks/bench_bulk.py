@@ -54,7 +54,7 @@ from common import (
 )
 from common import clustered as make_clustered
 
-from actors.partition import principal_rank
+from actors.partition import rank_lists
 from actors.training import auto_n_lists
 from cluster import bulk
 from cluster.client import Client
@@ -157,7 +157,7 @@ async def measure(
         ordered: [],
         **{n: [] for n in transports},
     }
-    rank = principal_rank(index.quantizer.reconstruct_n(0, index.nlist))
+    rank = rank_lists(index)
     found: dict[str, np.ndarray] = {}
     index.search(q, k)  # warm-up
     for t in transports.values():

@@ -62,7 +62,7 @@ from common import (
 )
 from common import clustered as make_clustered
 
-from actors.partition import principal_rank
+from actors.partition import rank_lists
 from actors.training import TrainParams, auto_n_lists, sample_size, train_template
 
 BATCH_BAR = 0.5  # service batch QPS >= 0.5x raw faiss
@@ -185,7 +185,7 @@ def measure_batches(
     raw_times: list[float] = []
     raw1_times: list[float] = []
     ordered_times: list[float] = []
-    rank = principal_rank(index.quantizer.reconstruct_n(0, index.nlist))
+    rank = rank_lists(index)
     found_svc: Any = None
     found_raw: Any = None
     for _ in range(repeats):

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import orjson
 
-from actors.partition import locality_order
+from actors.partition import locality_order, request_order
 
 REPO = Path(__file__).resolve().parents[1]
 SIFT_PATH = REPO.parent / "shared" / "data" / "sift-5k.tsv"
@@ -85,9 +85,8 @@ def locality_search(
     coarse, lists = index.quantizer.search(q, index.nprobe)
     order = locality_order(lists, list_rank)
     d, i = index.search_preassigned(q[order], k, lists[order], coarse[order])
-    back = np.empty_like(order)
-    back[order] = np.arange(len(order))
-    return d[back], i[back]
+    d, i = request_order(order, d, i)
+    return d, i
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
