@@ -14,6 +14,7 @@ import orjson
 
 from actors.codec import pack_strings, unpack_strings
 from actors.filters import FilterNode, MetadataColumns
+from actors.strings import StringBlock, StringColumn
 
 
 def _grow(arr: np.ndarray, size: int) -> np.ndarray:
@@ -34,7 +35,7 @@ class ItemTable:
     def __init__(self) -> None:
         self.next_label = 0
         self.id_to_label: dict[str, int] = {}
-        self.ids = np.empty(0, dtype=object)
+        self.ids = StringColumn()  # packed: search results gather ids as bytes, not objects
         self.metadata = np.empty(0, dtype=object)  # orjson bytes or None
         self.contents = np.empty(0, dtype=object)  # str or None
         self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
@@ -66,17 +67,18 @@ class ItemTable:
         replaced = self.labels_for(ids)
         if len(replaced):
             self.alive[replaced] = False
+            self.ids.clear(replaced)
         if labels is None:
             labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
         end = int(labels.max()) + 1 if n else self.next_label
         self.next_label = max(self.next_label, end)
         size = self.next_label
-        self.ids = _grow(self.ids, size)
         self.metadata = _grow(self.metadata, size)
         self.contents = _grow(self.contents, size)
         self.norms = _grow(self.norms, size)
         self.alive = _grow(self.alive, size)
-        self.ids[labels] = list(ids)
+        self.ids.set(labels, ids)
+        self.ids.compact()
         self.metadata[labels] = list(metadata)
         self.contents[labels] = list(contents)
         if norms is not None:
@@ -90,6 +92,8 @@ class ItemTable:
         labels = self.labels_for(ids)
         if len(labels):
             self.alive[labels] = False
+            self.ids.clear(labels)
+            self.ids.compact()
             for i in ids:
                 self.id_to_label.pop(i, None)
         return labels
@@ -110,7 +114,8 @@ class ItemTable:
     # -- snapshots --------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:
         labels = self.live_labels()
-        ids_blob, ids_len = pack_strings(self.ids[labels].tolist())
+        ids = self.ids.get(labels)
+        ids_blob, ids_len = ids.blob, ids.lens.astype(np.int64)
         meta_blob, meta_len = pack_strings(self.metadata[labels].tolist())
         cont_blob, cont_len = pack_strings(self.contents[labels].tolist())
         return {
@@ -138,8 +143,12 @@ class ItemTable:
         table.next_label = max(table.next_label, next_label)
         return table
 
+    def gather_ids(self, labels: np.ndarray) -> StringBlock:
+        """The ids of ``labels`` (any shape); label -1 (no result) maps to None."""
+        return self.ids.get(labels)
+
     def gather(self, labels: np.ndarray, column: str) -> np.ndarray:
-        """Per-label values of a column; label -1 (no result) maps to None."""
+        """Per-label values of an object column; label -1 (no result) maps to None."""
         values: Any = getattr(self, column)
         out = np.empty(labels.shape, dtype=object)
         ok = labels >= 0

@@ -27,6 +27,7 @@ from actors.items import ItemTable
 from actors.partition import PartitionIndex, deserialize, serialize
 from actors.rwlock import RWLock
 from actors.store import Store, open_store
+from actors.strings import StringBlock
 from actors.types import (
     Fetched,
     SearchRequest,
@@ -277,11 +278,9 @@ class Shard:
             nq, k = len(req.queries), req.k
             part = self.partition
             if part is None or part.ntotal == 0:
-                empty = np.empty((nq, k), dtype=object)
                 dist = np.full((nq, k), np.inf, dtype=np.float32)
-                return SearchResult(
-                    dist, empty, empty if req.with_metadata else None, self.version
-                ), 0
+                meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
+                return SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version), 0
             bits, n_match = self.items.selection(req.filter)
             nprobe = req.list_nos.shape[1]
             if req.greedy:
@@ -295,7 +294,7 @@ class Shard:
                     coarse, list_nos = part.assign(req.queries, nprobe)
                 dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
             dist[labels < 0] = np.inf
-            ids = self.items.gather(labels, "ids")
+            ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
             return SearchResult(dist, ids, meta, self.version), n_match
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from actors.filters import FilterNode
+from actors.strings import StringBlock
 
 INDEX_TYPES = ("ivfflat", "ivf", "ivfpq")
 METRICS = ("euclidean", "squared_euclidean", "cosine")
@@ -110,7 +111,7 @@ class SearchRequest:
 @dataclass(frozen=True)
 class SearchResult:
     distances: np.ndarray  # (nq, k) float32 squared L2 in index space; +inf where empty
-    ids: np.ndarray  # (nq, k) object: str or None
+    ids: StringBlock  # (nq, k) str or None
     metadata: np.ndarray | None  # (nq, k) object: bytes (JSON) or None
     version: int
 

@@ -20,6 +20,7 @@ import orjson
 import pybase64
 
 from actors.errors import InternalError, InvalidRequest, Unavailable, VaultvecError
+from actors.strings import StringBlock
 from serve_app import service
 from serve_app.engine import SHARD_ERRORS, Engine, retry_stale, unwrap
 from serve_app.http import REPLICA
@@ -35,7 +36,7 @@ class ArrayHits:
     """Top-k of a query batch in API terms. Row q holds ``counts[q]`` results, then padding:
     id None, distance +inf, metadata None."""
 
-    ids: np.ndarray  # (nq, k) object: str or None
+    ids: StringBlock  # (nq, k) str or None
     distances: np.ndarray | None  # (nq, k) float32, the metric's distance; None unless asked
     metadata: np.ndarray | None  # (nq, k) object: orjson bytes or None; None unless asked
     counts: np.ndarray  # (nq,) int64
@@ -139,16 +140,17 @@ def encode_metadata(m: Any) -> bytes | None:
         raise InvalidRequest("metadata must be JSON-serialisable") from None
 
 
-def flat_results(hits: ArrayHits) -> tuple[list[str], list[Any] | None]:
-    """The binary response's flat ids (and metadata) in query order: row q's counts[q] entries."""
+def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
+    """The binary response's flat ids as the bytes of a JSON array (and the metadata list) in
+    query order: row q's counts[q] entries."""
     counts = hits.counts
-    k = hits.ids.shape[1] if hits.ids.ndim == 2 else 0
+    k = hits.ids.shape[1]
     if len(counts) and int(counts.min()) == k:  # every query full: no padding to drop
-        ids = hits.ids.ravel().tolist()
+        ids = hits.ids.json_array()
         meta = None if hits.metadata is None else hits.metadata.ravel().tolist()
     else:
         keep = np.arange(k)[None, :] < counts[:, None]
-        ids = hits.ids[keep].tolist()
+        ids = hits.ids.select(keep).json_array()
         meta = None if hits.metadata is None else hits.metadata[keep].tolist()
     if meta is not None:  # as the JSON route: an item without metadata has {}
         meta = [EMPTY if m is None else orjson.Fragment(m) for m in meta]
@@ -216,7 +218,7 @@ async def handle_query(
         return {
             "top_k": hits.ids.shape[1],
             "counts": hits.counts,
-            "ids": orjson.dumps(ids),
+            "ids": ids,
             "distances": hits.distances,
             "metadata": None if metadata is None else orjson.dumps(metadata),
         }

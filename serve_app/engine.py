@@ -25,6 +25,7 @@ from actors.control import IndexView
 from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
 from actors.filters import parse_filter
+from actors.strings import StringBlock, concat_columns, replace_rows, take_along_columns
 from actors.types import (
     Fetched,
     IndexConfig,
@@ -62,7 +63,7 @@ class Hits:
     """Merged top-k for a batch of queries: index-space squared distances, ids, metadata."""
 
     distances: np.ndarray
-    ids: np.ndarray
+    ids: StringBlock
     metadata: np.ndarray | None
     counts: np.ndarray  # results per query
 
@@ -377,7 +378,7 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
         d = np.concatenate([p.distances for p in parts], axis=1)
         col = np.argsort(d, axis=1, kind="stable")[:, :k]
         d = np.take_along_axis(d, col, axis=1)
-        ids = np.take_along_axis(np.concatenate([p.ids for p in parts], axis=1), col, axis=1)
+        ids = take_along_columns(concat_columns([p.ids for p in parts]), col)
         meta = None
         if with_metadata:
             blocks = [p.metadata for p in parts if p.metadata is not None]
@@ -387,8 +388,9 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
 
 
 def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
-    d, ids = hits.distances.copy(), hits.ids.copy()
-    d[rows], ids[rows] = sub.distances, sub.ids
+    d = hits.distances.copy()
+    d[rows] = sub.distances
+    ids = replace_rows(hits.ids, rows, sub.ids)
     meta = None
     if hits.metadata is not None and sub.metadata is not None:
         meta = hits.metadata.copy()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from actors.errors import InvalidRequest
+from actors.strings import StringBlock
 from actors.types import UpsertBatch
 from serve_app.engine import CachedView, Engine, Hits
 from serve_app.vectors import check_dimension, to_index_space
@@ -88,9 +89,10 @@ async def search(
     """Top-k for query matrix ``x`` (nq, d), ascending distance, in index space."""
     cfg = cv.config
     if cfg.dimension is None:  # nothing was ever stored
-        empty = np.empty((len(x), top_k), dtype=object)
-        dist = np.full((len(x), top_k), np.inf, dtype=np.float32)
-        return Hits(dist, empty, empty if with_metadata else None, np.zeros(len(x), dtype=np.int64))
+        shape = (len(x), top_k)
+        dist = np.full(shape, np.inf, dtype=np.float32)
+        meta = np.empty(shape, dtype=object) if with_metadata else None
+        return Hits(dist, StringBlock.empty(shape), meta, np.zeros(len(x), dtype=np.int64))
     check_dimension(x, cfg.dimension, field)
     x, _ = to_index_space(x, cfg.metric, field)
     return await engine.search(cv, x, top_k, n_probes or 0, filters, bool(greedy), with_metadata)

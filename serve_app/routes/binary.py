@@ -8,6 +8,7 @@ semantics, defaults and errors are those of /v1/vectors/query and /v1/vectors/up
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 
 from serve_app import arrays
@@ -46,7 +47,7 @@ async def query_binary(body: BinaryQueryRequest, request: Request) -> JSON:
         "nq": len(hits.counts),
         "top_k": hits.ids.shape[1],
         "counts": hits.counts,
-        "ids": ids,
+        "ids": orjson.Fragment(ids),
     }
     if hits.distances is not None:
         out["distances"] = arrays.encode_matrix(hits.distances)

@@ -74,7 +74,7 @@ def shape_results(
     hits: Hits, metric: str, with_distance: bool, with_metadata: bool
 ) -> list[list[dict[str, Any]]]:
     distances = to_api_distance(hits.distances, metric).tolist()
-    ids = hits.ids.tolist()
+    ids = hits.ids.tolist()  # nested lists of str | None
     meta = hits.metadata.tolist() if with_metadata and hits.metadata is not None else None
     empty = orjson.Fragment(b"{}")
     out = []

@@ -270,6 +270,41 @@ def test_ray_transport_metadata(loaded: Any, ray_handle: Any, data: np.ndarray) 
     assert r.metadata is not None and r.metadata[2, 0] == {"row": N - 1}
 
 
+AWKWARD_IDS = ['say "hi"', "back\\slash", "tab\there", "é中😀", "nul\x00byte", "x" * 1024, "plain"]
+
+
+@pytest.mark.parametrize("kind", ["json", "binary", "ray"])
+def test_ids_that_json_escapes_come_back_intact(
+    kind: str, service: Service, ray_handle: Any, data: np.ndarray
+) -> None:
+    """Result ids travel packed (one byte buffer per block) from the shards to the answer:
+    quotes, backslashes, control characters, multi-byte UTF-8 and the longest id allowed
+    arrive as they were stored, over every transport, with and without padding."""
+    name, key = unique_name("ids"), generate_key()
+    with Client(service.url, API_KEY) as c:
+        idx = c.create_index(name, key, dimension=D)
+        try:
+            idx.upsert(AWKWARD_IDS, data[: len(AWKWARD_IDS)])
+
+            async def go(q: np.ndarray, k: int) -> QueryResult:
+                t = transport(kind, service, idx, ray_handle)
+                try:
+                    return await t.query(q, bulk.QueryOptions(top_k=k, include=("distance",)))
+                finally:
+                    await t.close()
+
+            q = data[: len(AWKWARD_IDS)]
+            full = asyncio.run(go(q, 1))  # every row full: the fast JSON array
+            assert full.ids[:, 0].tolist() == AWKWARD_IDS
+            padded = asyncio.run(go(q[:2], len(AWKWARD_IDS) + 3))  # padding dropped first
+            assert padded.counts.tolist() == [len(AWKWARD_IDS)] * 2
+            assert sorted(padded.ids[0, : len(AWKWARD_IDS)].tolist()) == sorted(AWKWARD_IDS)
+            assert padded.ids[0, 0] == AWKWARD_IDS[0] and padded.ids[1, 0] == AWKWARD_IDS[1]
+            assert padded.ids[:, len(AWKWARD_IDS) :].tolist() == [[None] * 3] * 2
+        finally:
+            idx.drop()
+
+
 def cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cluster.cli", *args],

@@ -82,7 +82,7 @@ def test_upsert_replaces_item_completely(tmp_path: Path) -> None:
     assert got.metadata == [None] and got.contents == [None]
     assert shard.stats(KEY).count == 20
     res, _ = shard.search(KEY, one_list(x[1:2]))
-    assert "id1" not in res.ids[0, :1].tolist() or res.distances[0, 0] > 0
+    assert "id1" not in res.ids.tolist()[0][:1] or res.distances[0, 0] > 0
 
 
 def test_wrong_key_cannot_load(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_filters_apply_before_top_k(tmp_path: Path) -> None:
     )
     res, n_match = shard.search(KEY, req)
     assert n_match == 10
-    assert all(int(i[2:]) >= 390 for i in res.ids.ravel())
+    assert all(int(i[2:]) >= 390 for i in res.ids.flat())
     assert (res.distances[:, :5] < np.inf).all()
 
 
