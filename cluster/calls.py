@@ -8,6 +8,7 @@ counts array + flat ids + base64 distances out); smaller ones to the JSON routes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -76,8 +77,11 @@ def b64(x: np.ndarray) -> str:
 
 
 def chunks(n: int, rows: int) -> list[slice]:
-    rows = max(1, rows)
-    return [slice(s, min(n, s + rows)) for s in range(0, n, rows)]
+    """``n`` rows in as few requests of at most ``rows`` as possible, of even size: requests
+    sent concurrently finish together instead of waiting on one larger remainder."""
+    parts = -(-n // max(1, rows))
+    bounds = [n * i // parts for i in range(parts + 1)] if parts else [0]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def rows_per_request(dim: int, max_request_bytes: int, binary: bool) -> int:

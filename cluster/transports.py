@@ -45,12 +45,20 @@ class QueryOptions:
         }
 
 
+# The driver's batch is its unit of work: sent as one request up to this size (the client's
+# own default, 4 MiB, would split a 10,000 x 128 binary batch in two; one request scans
+# better on the shards: measured 205 vs 217 ms per 10,000 queries).
+DRIVER_REQUEST_BYTES = 64 << 20
+
+
 class HttpTransport:
-    """The async client over HTTP; ``wire``: auto (binary from 64 vectors), json or binary."""
+    """The async client over HTTP; ``wire``: auto (binary from 64 vectors), json or binary.
+    A batch goes in one request unless it exceeds ``max_request_bytes`` (64 MiB)."""
 
     def __init__(
         self, url: str, api_key: str, index: str, key: str, wire: str = "auto", **options: Any
     ) -> None:
+        options.setdefault("max_request_bytes", DRIVER_REQUEST_BYTES)
         self.client = AsyncClient(url, api_key, **options)
         self.index = self.client.index(index, key)
         self.binary = {"auto": None, "json": False, "binary": True}[wire]

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from cluster.calls import QueryResult
+from cluster.calls import QueryResult, chunks
 from cluster.client import Client, generate_key
 
 
@@ -186,6 +186,15 @@ def test_large_batches_are_split_and_reassembled(server: FakeServer) -> None:
         r = idx.query(x, top_k=2)
     assert n_upserts > 5 and len(server.paths) - n_upserts > 5
     assert list(r.ids[:, 0]) == ids  # every query finds itself first, in order
+
+
+@pytest.mark.parametrize(("n", "rows"), [(0, 5), (5, 5), (6, 5), (10_000, 5622), (999, 70)])
+def test_split_requests_are_as_few_and_as_even_as_the_limit_allows(n: int, rows: int) -> None:
+    parts = chunks(n, rows)
+    sizes = [p.stop - p.start for p in parts]
+    assert len(parts) == -(-n // rows)
+    assert [i for p in parts for i in range(p.start, p.stop)] == list(range(n))
+    assert not sizes or (max(sizes) <= rows and max(sizes) - min(sizes) <= 1)
 
 
 def test_vectors_must_be_one_or_two_dimensional(server: FakeServer) -> None:
