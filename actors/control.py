@@ -20,7 +20,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors import persistence
+from actors import heap, persistence
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unavailable, VaultvecError
 from actors.partition import centroids_of, deserialize, serialize
 from actors.shard import Shard
@@ -194,6 +194,7 @@ class ControlPlane:
                 max_task_retries=3,
                 max_concurrency=o.shard_max_concurrency,
                 scheduling_strategy="SPREAD",
+                runtime_env={"env_vars": heap.ENV},  # glibc reads them at process start
             ).remote(
                 o.store_url,
                 meta.name,

@@ -53,7 +53,7 @@ class Shard:
         threads: int = 1,
         idle_ttl_s: float = 0.0,
     ) -> None:
-        heap.pin_mmap_threshold()  # a shard lives long and frees large blocks all the time
+        heap.configure()  # one malloc arena, request buffers recycled (see actors.heap)
         self.store: Store = open_store(store_url)
         self.name = index_name
         self.index_id = index_id
@@ -114,6 +114,7 @@ class Shard:
                 self._wal_bytes += len(record)
             self.gen = max(self.gen, gen)
         self._loaded = True
+        heap.trim()  # the snapshot frame, WAL records and outgrown lists were freed
 
     def _restore(self, blob: bytes | None) -> None:
         assert blob is not None and self._key is not None

@@ -60,7 +60,7 @@ def control_plane(settings: Settings) -> Any:
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
-        heap.pin_mmap_threshold()  # request bodies and results: large blocks freed all the time
+        heap.configure()  # request bodies and results recycled in one arena (see actors.heap)
         s = Settings(**settings)
         if not s.api_key:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
@@ -110,8 +110,8 @@ class Gateway:
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise
 # spin between parallel regions and take the cores from the shards (measured: a 1,000-query
 # coarse step took 24 ms instead of 7 ms on 2 busy cores). Read when faiss loads, hence set
-# in the replica's environment rather than in __init__.
-GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+# in the replica's environment rather than in __init__; so are glibc's (actors.heap.ENV).
+GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.ENV}}
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
