@@ -4,20 +4,22 @@ Two defaults of glibc hurt a shard or a gateway replica:
 
 - **One malloc arena per thread.** Ray runs a shard's calls on a pool of threads; with the
   default dynamic mmap threshold, the large blocks an ingest frees stayed resident in the
-  threads' arenas: 2,986 resident bytes per item after ingesting 30,000 items of 128 floats
-  on 16 threads (tests/unit/test_heap.py), against 645 for the same shard loaded fresh.
+  threads' arenas: 2,898 resident bytes per item after ingesting 30,000 items of 128 floats
+  on 16 threads (tests/unit/test_heap.py).
 - **Large blocks from mmap.** Pinning the mmap threshold at glibc's initial 128 KiB bounded
   that growth (865), but then every request's multi-megabyte buffers (a 10,000-query batch:
   5 MB of queries, their reordered copy, results, the merge's offsets) were fresh mappings,
   and each of their pages faulted in on first touch. On this VM that made the gateway's merge
   of 10,000 results 3.7x slower (14.2 ms against 3.8) and a 10,000-query request over the
-  binary route 214 ms instead of 159.
+  binary route 214 ms instead of 159 (with glibc's defaults).
 
 :func:`configure` (and :data:`ENV`, the same settings for a process's environment) keeps one
 arena, so memory freed by one thread is reused by the next, and fixes the mmap threshold at
 16 MiB: request-sized buffers are recycled inside the heap, only larger ones (snapshot frames,
 the longest inverted lists) are mapped and unmapped. Measured with the test_heap scripts
-(bytes per item): 778 after ingest, 640 loaded fresh, 891 after two trainings. What a burst
+(bytes per item, pinned at 128 KiB -> now): 865 -> 778 after ingest, 645 -> 544 loaded
+fresh, 948 -> 780 after two trainings (the later figures with actors.idmap's id map, which
+saves about 100 bytes per item over a dict). What a burst
 of frees leaves inside the heap (a training rebuild replaces every inverted list; loading
 replays the WAL) is given back by :func:`trim`.
 """

@@ -14,6 +14,7 @@ import orjson
 
 from actors.codec import pack_strings, unpack_strings
 from actors.filters import FilterNode, MetadataColumns
+from actors.idmap import IdMap
 from actors.strings import StringBlock, StringColumn
 
 
@@ -34,8 +35,8 @@ def _grow(arr: np.ndarray, size: int) -> np.ndarray:
 class ItemTable:
     def __init__(self) -> None:
         self.next_label = 0
-        self.id_to_label: dict[str, int] = {}
         self.ids = StringColumn()  # packed: search results gather ids as bytes, not objects
+        self.id_map = IdMap(self.ids.get)  # id -> label, checked against the stored ids
         self.metadata = np.empty(0, dtype=object)  # orjson bytes or None
         self.contents = np.empty(0, dtype=object)  # str or None
         self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
@@ -43,13 +44,21 @@ class ItemTable:
         self.columns = MetadataColumns()
 
     def __len__(self) -> int:
-        return len(self.id_to_label)
+        return len(self.id_map)
 
     def labels_for(self, ids: Sequence[str]) -> np.ndarray:
         """Labels of the ids that exist (unknown ids are skipped)."""
-        get = self.id_to_label.get
-        found = [lab for lab in (get(i) for i in ids) if lab is not None]
-        return np.asarray(found, dtype=np.int64)
+        labels = self.id_map.lookup(ids)
+        return labels[labels >= 0]
+
+    def present(self, ids: Sequence[str]) -> list[str]:
+        """The ids that exist, in the given order."""
+        found = self.id_map.lookup(ids) >= 0
+        return [i for i, ok in zip(ids, found.tolist()) if ok]
+
+    def all_ids(self) -> list[str]:
+        ids: list[str] = self.ids.get(self.live_labels()).flat()  # type: ignore[assignment]
+        return ids
 
     def insert(
         self,
@@ -64,7 +73,7 @@ class ItemTable:
         Returns (new labels, labels of replaced items that must leave the vector index).
         """
         n = len(ids)
-        replaced = self.labels_for(ids)
+        replaced = self.id_map.remove(ids)
         if len(replaced):
             self.alive[replaced] = False
             self.ids.clear(replaced)
@@ -84,18 +93,16 @@ class ItemTable:
         if norms is not None:
             self.norms[labels] = norms
         self.alive[labels] = True
-        self.id_to_label.update(zip(ids, labels.tolist()))
+        self.id_map.add(ids, labels)
         self.columns.append(labels, [None if m is None else orjson.loads(m) for m in metadata])
         return labels, replaced
 
     def remove(self, ids: Sequence[str]) -> np.ndarray:
-        labels = self.labels_for(ids)
+        labels = self.id_map.remove(ids)
         if len(labels):
             self.alive[labels] = False
             self.ids.clear(labels)
             self.ids.compact()
-            for i in ids:
-                self.id_to_label.pop(i, None)
         return labels
 
     def live_labels(self) -> np.ndarray:

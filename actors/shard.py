@@ -189,7 +189,7 @@ class Shard:
     def delete(self, key: bytes, ids: list[str]) -> int:
         with self._lock.write():
             self._ensure_loaded(key)
-            present = [i for i in ids if i in self.items.id_to_label]
+            present = self.items.present(ids)
             if present:
                 self._log(key, persistence.encode_delete(present))
                 self._apply("delete", present)
@@ -303,7 +303,7 @@ class Shard:
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:
         with self._reading(key):
-            found = [i for i in ids if i in self.items.id_to_label]
+            found = self.items.present(ids)
             labels = self.items.labels_for(found)
             vecs = None
             if vectors and self.partition is not None:
@@ -319,7 +319,7 @@ class Shard:
 
     def list_ids(self, key: bytes) -> list[str]:
         with self._reading(key):
-            return list(self.items.id_to_label)
+            return self.items.all_ids()
 
     def stats(self, key: bytes) -> ShardStats:
         with self._reading(key):

@@ -2,9 +2,9 @@
 
 Ray runs a shard's calls on a pool of threads. With glibc's defaults (an arena per thread, a
 dynamic mmap threshold) the large blocks an ingest frees stay resident in the threads' malloc
-arenas: ingesting 30,000 items of 128 floats on 16 threads left 2,979 resident bytes per item.
-A shard starts with actors.heap.configure (one arena, a fixed 16 MiB mmap threshold): 766
-after the ingest, 617 for the same shard loaded fresh.
+arenas: ingesting 30,000 items of 128 floats on 16 threads left 2,898 resident bytes per item.
+A shard starts with actors.heap.configure (one arena, a fixed 16 MiB mmap threshold): 778
+after the ingest, 544 for the same shard loaded fresh.
 
 Measured in a fresh interpreter, so that nothing else this test session allocated is counted.
 """
@@ -103,15 +103,15 @@ def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> Non
     got = per_item(INGEST_THEN_LOAD)
     # 128 floats are 512 bytes: a loaded shard holds them plus its item table.
     assert 512 <= got["loaded"] < 1_000, got
-    # Without actors.heap.configure the ingest left 2,979 bytes per item (module docstring),
-    # and the fresh load, reusing that freed memory, measured 196: both bounds fail.
+    # Without actors.heap.configure the ingest left 2,898 bytes per item (module docstring),
+    # and the fresh load, reusing that freed memory, measured 188: both bounds fail.
     assert got["ingested"] <= 1.6 * got["loaded"], got
 
 
 def test_training_gives_the_replaced_lists_back() -> None:
     """A rebuild frees every inverted list of the partition it replaces; those blocks are
     small (under the mmap threshold), so without actors.heap.trim their pages stay resident:
-    this script measured 1,964 bytes per item after two trainings, 880 with it."""
+    this script measured 1,868 bytes per item after two trainings, 780 with it."""
     got = per_item(INGEST_THEN_TRAIN)
     # 128 floats are 512 bytes, plus the item table and faiss's id map.
     assert 512 <= got["trained"] < 1_150, got

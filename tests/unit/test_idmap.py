@@ -1,0 +1,83 @@
+"""The item table's id map against a plain dict: any mix of upserts (new and replacing) and
+deletes, with hashes forced to collide, across merges of the sorted arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors import idmap
+from actors.items import ItemTable
+
+IDS = st.text(alphabet="abcé😀-", min_size=1, max_size=4)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["upsert", "delete"]), st.lists(IDS, max_size=12, unique=True)),
+    max_size=40,
+)
+
+
+def table_with(hash_fn: Callable[[str], int]) -> ItemTable:
+    table = ItemTable()
+    table.id_map.hash_fn = hash_fn  # type: ignore[method-assign]
+    return table
+
+
+def check(table: ItemTable, model: dict[str, int], probes: list[str]) -> None:
+    assert len(table) == len(model)
+    expected = [model.get(i, -1) for i in probes]
+    assert table.id_map.lookup(probes).tolist() == expected
+    assert table.present(probes) == [i for i in probes if i in model]
+    assert sorted(table.all_ids()) == sorted(model)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.sampled_from([hash, lambda s: hash(s) % 3, lambda s: 7]))
+def test_matches_a_dict(ops: list[tuple[str, list[str]]], hash_fn: Callable[[str], int]) -> None:
+    """Every id keeps its latest label: also when many ids share a hash (down to one hash for
+    all), when removed ids free their slot for others, and across merges of small writes."""
+    with mock.patch.object(idmap, "MERGE_MIN", 3), mock.patch.object(idmap, "BULK", 5):
+        table = table_with(hash_fn)
+        model: dict[str, int] = {}
+        seen: list[str] = []
+        for op, ids in ops:
+            if op == "upsert":
+                labels, replaced = table.insert(ids, [None] * len(ids), [None] * len(ids), None)
+                assert sorted(replaced.tolist()) == sorted(model[i] for i in ids if i in model)
+                model.update(zip(ids, labels.tolist()))
+            else:
+                gone = table.remove(ids)
+                assert sorted(gone.tolist()) == sorted(model.pop(i) for i in ids if i in model)
+            seen += ids
+            check(table, model, [*seen, "absent", "é"])
+
+
+def test_a_colliding_hash_never_returns_another_item() -> None:
+    table = table_with(lambda s: 42)
+    table.insert(["a", "b"], [None, None], [None, None], None)
+    assert table.id_map.lookup(["a", "b", "c"]).tolist() == [0, 1, -1]
+    assert "b" in table.id_map.overflow  # "a" holds the hash's slot
+    table.remove(["a"])
+    table.insert(["c"], [None], [None], None)  # takes the slot "a" left free
+    assert table.id_map.lookup(["a", "b", "c"]).tolist() == [-1, 1, 2]
+
+
+def test_a_snapshot_sized_write_builds_the_sorted_arrays() -> None:
+    n = 50_000
+    ids = [f"item-{i}" for i in range(n)]
+    table = ItemTable()
+    table.insert(ids, [None] * n, [None] * n, None, labels=np.arange(n, dtype=np.int64))
+    m = table.id_map
+    assert len(m.keys) == n and not m.recent and not m.overflow
+    assert m.nbytes() == 16 * n
+    assert (np.diff(m.keys) >= 0).all()
+    assert m.lookup(ids[::997]).tolist() == list(range(0, n, 997))
+
+
+def test_ids_must_be_distinct_within_one_write() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        ItemTable().insert(["x", "x"], [None, None], [None, None], None)
