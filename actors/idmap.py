@@ -100,9 +100,7 @@ class IdMap:
         return found
 
     def add(self, ids: Sequence[str], labels: np.ndarray) -> None:
-        """Map ``ids`` (distinct, none of them present) to ``labels``."""
-        if len(set(ids)) != len(ids):
-            raise ValueError("IdMap.add: ids must be distinct")
+        """Map ``ids`` (distinct, none of them present: the caller checks) to ``labels``."""
         labels = np.asarray(labels, dtype=np.int64)
         hashes = self._hashes(ids)
         pos, hit = self._main_pos(hashes)

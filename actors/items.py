@@ -57,8 +57,7 @@ class ItemTable:
         return [i for i, ok in zip(ids, found.tolist()) if ok]
 
     def all_ids(self) -> list[str]:
-        ids: list[str] = self.ids.get(self.live_labels()).flat()  # type: ignore[assignment]
-        return ids
+        return [i for i in self.ids.get(self.live_labels()).flat() if i is not None]
 
     def insert(
         self,
@@ -73,6 +72,8 @@ class ItemTable:
         Returns (new labels, labels of replaced items that must leave the vector index).
         """
         n = len(ids)
+        if len(set(ids)) != n:  # before any change: the table stays as it was
+            raise ValueError("ItemTable.insert: ids must be distinct")
         replaced = self.id_map.remove(ids)
         if len(replaced):
             self.alive[replaced] = False

@@ -79,5 +79,8 @@ def test_a_snapshot_sized_write_builds_the_sorted_arrays() -> None:
 
 
 def test_ids_must_be_distinct_within_one_write() -> None:
+    table = ItemTable()
+    table.insert(["x"], [None], [None], None)
     with pytest.raises(ValueError, match="distinct"):
-        ItemTable().insert(["x", "x"], [None, None], [None, None], None)
+        table.insert(["y", "x", "y"], [None] * 3, [None] * 3, None)
+    assert len(table) == 1 and table.id_map.lookup(["x", "y"]).tolist() == [0, -1]
