@@ -218,6 +218,6 @@ class StringColumn:
             return
         labels = np.flatnonzero(self.lens >= 0)
         block = self.get(labels)
-        self.blob = block.blob.copy()
+        self.blob = block.blob if len(block.blob) else np.empty(0, dtype=np.uint8)  # not shared
         self.used = len(self.blob)
         self.start[labels] = block.starts()
