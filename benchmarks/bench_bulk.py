@@ -8,6 +8,10 @@ ingests with the Python client (binary route), trains, and then answers the same
   (the faster of the two is the baseline);
 * raw faiss searching in the shards' locality order (info): the scan order alone, without the
   service, so that a reader sees how much of a ratio is the order and how much the service;
+* raw faiss in a fresh Python process (info, after the rounds): the same index and queries
+  without this process's state (its heap after the driver's runs, Ray's threads), which moves
+  the in-process baseline by 10-20% on a small VM; the row gives the binary and Ray paths'
+  ratios to it as well;
 * the bulk driver (cluster.bulk.bulk_query, .npy in -> .npy out) over HTTP with JSON bodies;
 * the bulk driver over HTTP with the binary routes;
 * the bulk driver over the Ray transport (DeploymentHandle on the Serve app, no HTTP).
@@ -43,6 +47,7 @@ from common import (
     API_KEY,
     CpuMeter,
     environment,
+    faiss_fresh_process_qps,
     locality_search,
     median,
     print_environment,
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                     cpu,
                 )
             )
+            fresh_qps = faiss_fresh_process_qps(x, centroids, q, nprobe, k, threads, args.repeats)
             truth = exact(x, q, k)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -297,6 +303,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"{qps[name] / raw_qps:.3f}x",
                 "-",
                 note,
+                "-",
+            ]
+        )
+    if fresh_qps is not None:
+        against = ", ".join(
+            f"{name.split(', ')[-1]} {qps[name] / fresh_qps:.3f}x"
+            for name in transports
+            if "JSON" not in name
+        )
+        rows.append(
+            [
+                f"raw faiss, {threads} threads (fresh process)",
+                f"{fresh_qps:,.0f}",
+                f"{fresh_qps / raw_qps:.3f}x",
+                "-",
+                f"info; {against} of it",
                 "-",
             ]
         )

@@ -194,19 +194,40 @@ print((resident_anon_bytes() - before) / len(x))
 """
 
 
-def faiss_resident_bytes(x: np.ndarray, centroids: np.ndarray, batch: int) -> float | None:
-    """Private resident bytes per vector of raw faiss holding ``x``: a fresh Python process
-    builds an IndexIVFFlat on ``centroids`` and adds ``x`` in batches of ``batch`` (as a shard
-    receives them). Unlike the serialised size this counts what faiss's own allocations keep
-    resident (growth slack of the inverted lists); None where /proc does not tell."""
+_FAISS_SEARCH = """
+import sys, time
+import faiss, numpy as np
+x, centroids, q = (np.load(f) for f in sys.argv[1:4])
+nprobe, k, threads, repeats = (int(v) for v in sys.argv[4:8])
+faiss.omp_set_num_threads(threads)
+quantizer = faiss.IndexFlatL2(x.shape[1])
+quantizer.add(centroids)
+index = faiss.IndexIVFFlat(quantizer, x.shape[1], len(centroids), faiss.METRIC_L2)
+index.is_trained = True
+index.add(x)
+index.nprobe = nprobe
+index.search(q, k)
+times = []
+for _ in range(repeats):
+    t0 = time.perf_counter()
+    index.search(q, k)
+    times.append(time.perf_counter() - t0)
+print(len(q) / sorted(times)[len(times) // 2])
+"""
+
+
+def _faiss_subprocess(script: str, arrays: list[np.ndarray], *args: int) -> float | None:
+    """Run ``script`` in a fresh interpreter with ``arrays`` saved as .npy files (its first
+    arguments, then ``args``); the number it prints last, or None if it printed none."""
     import subprocess
 
-    with tempfile.TemporaryDirectory(prefix="vvmem-") as tmp:
-        xf, cf = Path(tmp) / "x.npy", Path(tmp) / "c.npy"
-        np.save(xf, np.ascontiguousarray(x, dtype=np.float32))
-        np.save(cf, np.ascontiguousarray(centroids, dtype=np.float32))
+    with tempfile.TemporaryDirectory(prefix="vvfaiss-") as tmp:
+        files = []
+        for j, a in enumerate(arrays):
+            files.append(Path(tmp) / f"a{j}.npy")
+            np.save(files[-1], np.ascontiguousarray(a, dtype=np.float32))
         out = subprocess.run(
-            [sys.executable, "-c", _FAISS_RESIDENT, str(xf), str(cf), str(batch)],
+            [sys.executable, "-c", script, *map(str, files), *map(str, args)],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -215,6 +236,29 @@ def faiss_resident_bytes(x: np.ndarray, centroids: np.ndarray, batch: int) -> fl
         return float(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return None
+
+
+def faiss_resident_bytes(x: np.ndarray, centroids: np.ndarray, batch: int) -> float | None:
+    """Private resident bytes per vector of raw faiss holding ``x``: a fresh Python process
+    builds an IndexIVFFlat on ``centroids`` and adds ``x`` in batches of ``batch`` (as a shard
+    receives them). Unlike the serialised size this counts what faiss's own allocations keep
+    resident (growth slack of the inverted lists); None where /proc does not tell."""
+    return _faiss_subprocess(_FAISS_RESIDENT, [x, centroids], batch)
+
+
+def faiss_fresh_process_qps(
+    x: np.ndarray,
+    centroids: np.ndarray,
+    q: np.ndarray,
+    nprobe: int,
+    k: int,
+    threads: int,
+    repeats: int,
+) -> float | None:
+    """QPS (median of ``repeats``) of raw faiss searching ``q`` in a fresh Python process: the
+    same IndexIVFFlat as in-process, without the benchmark process's own state (its heap, the
+    driver's buffers, Ray's threads), which measurably moves the in-process figure."""
+    return _faiss_subprocess(_FAISS_SEARCH, [x, centroids, q], nprobe, k, threads, repeats)
 
 
 class CpuMeter:
