@@ -88,7 +88,9 @@ class IdMap:
         return self._find(ids)[1]
 
     def remove(self, ids: Sequence[str]) -> np.ndarray:
-        """Drop the ids that are present; returns their labels."""
+        """Drop the ids that are present (each once, however often it is named); returns
+        their labels."""
+        ids = list(dict.fromkeys(ids))
         hashes, labels, where, pos = self._find(ids)
         self.vals[pos[where == 1]] = -1
         for row in np.flatnonzero(where == 2).tolist():

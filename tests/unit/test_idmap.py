@@ -78,6 +78,13 @@ def test_a_snapshot_sized_write_builds_the_sorted_arrays() -> None:
     assert m.lookup(ids[::997]).tolist() == list(range(0, n, 997))
 
 
+def test_a_delete_may_name_an_id_twice() -> None:
+    table = ItemTable()
+    table.insert(["a", "b"], [None, None], [None, None], None)
+    assert table.remove(["a", "a", "zz"]).tolist() == [0]
+    assert len(table) == 1 and table.all_ids() == ["b"]
+
+
 def test_ids_must_be_distinct_within_one_write() -> None:
     table = ItemTable()
     table.insert(["x"], [None], [None], None)
