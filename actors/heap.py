@@ -17,11 +17,11 @@ Two defaults of glibc hurt a shard or a gateway replica:
 arena, so memory freed by one thread is reused by the next, and fixes the mmap threshold at
 16 MiB: request-sized buffers are recycled inside the heap, only larger ones (snapshot frames,
 the longest inverted lists) are mapped and unmapped. Measured with the test_heap scripts
-(bytes per item, pinned at 128 KiB -> now): 865 -> 778 after ingest, 645 -> 544 loaded
-fresh, 948 -> 780 after two trainings (the later figures with actors.idmap's id map, which
-saves about 100 bytes per item over a dict). What a burst
-of frees leaves inside the heap (a training rebuild replaces every inverted list; loading
-replays the WAL) is given back by :func:`trim`.
+(bytes per item, pinned at 128 KiB -> now, the latter with actors.idmap's id map, which saves
+about 100 bytes per item over a dict): 865 -> 725-778 after ingest, 645 -> 665 loaded fresh
+(now measured after trimming what the ingested shard freed, which a load could reuse), 948 ->
+780 after two trainings. What a burst of frees leaves inside the heap (a training rebuild
+replaces every inverted list; loading replays the WAL) is given back by :func:`trim`.
 """
 
 from __future__ import annotations

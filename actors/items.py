@@ -46,15 +46,15 @@ class ItemTable:
     def __len__(self) -> int:
         return len(self.id_map)
 
-    def labels_for(self, ids: Sequence[str]) -> np.ndarray:
-        """Labels of the ids that exist (unknown ids are skipped)."""
+    def find(self, ids: Sequence[str]) -> tuple[list[str], np.ndarray]:
+        """The ids that exist, in the given order, and their labels (one lookup)."""
         labels = self.id_map.lookup(ids)
-        return labels[labels >= 0]
+        ok = labels >= 0
+        return [i for i, f in zip(ids, ok.tolist()) if f], labels[ok]
 
     def present(self, ids: Sequence[str]) -> list[str]:
         """The ids that exist, in the given order."""
-        found = self.id_map.lookup(ids) >= 0
-        return [i for i, ok in zip(ids, found.tolist()) if ok]
+        return self.find(ids)[0]
 
     def all_ids(self) -> list[str]:
         return [i for i in self.ids.get(self.live_labels()).flat() if i is not None]

@@ -303,8 +303,7 @@ class Shard:
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:
         with self._reading(key):
-            found = self.items.present(ids)
-            labels = self.items.labels_for(found)
+            found, labels = self.items.find(ids)
             vecs = None
             if vectors and self.partition is not None:
                 vecs = self.partition.reconstruct(labels)

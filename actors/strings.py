@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from actors.codec import pack_strings, unpack_strings
+
 EMPTY_BLOB = np.empty(0, dtype=np.uint8)
 
 
@@ -59,12 +61,9 @@ class StringBlock:
     def from_list(
         cls, values: Sequence[str | None], shape: tuple[int, ...] | None = None
     ) -> StringBlock:
-        encoded = [None if v is None else v.encode() for v in values]
-        lens = np.fromiter(
-            (-1 if b is None else len(b) for b in encoded), dtype=np.int32, count=len(encoded)
-        )
-        blob = np.frombuffer(b"".join(b for b in encoded if b is not None), dtype=np.uint8)
-        return cls(blob, lens.reshape(shape if shape is not None else (len(values),)))
+        blob, lens = pack_strings(values)
+        shape = shape if shape is not None else (len(values),)
+        return cls(blob, lens.astype(np.int32).reshape(shape))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -85,16 +84,7 @@ class StringBlock:
 
     def flat(self) -> list[str | None]:
         """The entries in row-major order as ``str | None``."""
-        raw = self.blob.tobytes()
-        out: list[str | None] = []
-        pos = 0
-        for n in self.lens.ravel().tolist():
-            if n < 0:
-                out.append(None)
-            else:
-                out.append(raw[pos : pos + n].decode())
-                pos += n
-        return out
+        return unpack_strings(self.blob, self.lens.ravel())
 
     def tolist(self) -> Any:
         """Nested lists of ``str | None`` shaped like the block, as ``ndarray.tolist``."""
@@ -178,9 +168,7 @@ class StringColumn:
 
     def set(self, labels: np.ndarray, values: Iterable[str]) -> None:
         """Store ``values`` under ``labels`` (new labels, or labels being overwritten)."""
-        encoded = [v.encode() for v in values]
-        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        lens = np.fromiter((len(b) for b in encoded), dtype=np.int32, count=len(encoded))
+        data, lens = pack_strings(list(values))
         size = int(labels.max()) + 1 if len(labels) else 0
         if size > len(self.start):
             grow = max(size, 2 * len(self.start), 1024)
@@ -193,7 +181,7 @@ class StringColumn:
             new[: self.used] = self.blob[: self.used]
             self.blob = new
         self.blob[self.used : end] = data
-        self.start[labels] = self.used + np.cumsum(lens, dtype=np.int64) - lens
+        self.start[labels] = self.used + np.cumsum(lens) - lens
         self.lens[labels] = lens
         self.used = end
         self.live += len(data)
