@@ -92,6 +92,11 @@ class StringBlock:
         arr[:] = self.flat()
         return arr.reshape(self.shape).tolist()
 
+    def json_safe(self) -> bool:
+        """No entry is None and none holds a character that a JSON string escapes: each
+        entry's JSON is its bytes between quotes."""
+        return not (self.lens < 0).any() and not _NEEDS_ESCAPE[self.blob].any()
+
     def json_array(self) -> bytes:
         """The entries (flattened; none may be None) as the bytes of a JSON array of strings.
 

@@ -282,7 +282,7 @@ def profile_batch(
     from actors.types import SearchRequest
     from serve_app.engine import Engine, merge
     from serve_app.models import QueryRequest
-    from serve_app.routes.vectors import shape_results
+    from serve_app.results import shape_results
     from serve_app.vectors import as_matrix
 
     def med(fn: Any, *a: Any) -> tuple[float, Any]:

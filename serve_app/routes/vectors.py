@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
 
 from actors.errors import InvalidRequest
 from serve_app import service, text
-from serve_app.engine import CachedView, Engine, Hits
+from serve_app.engine import CachedView, Engine
 from serve_app.errors_doc import ERRORS
 from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
 from serve_app.models import (
@@ -25,7 +24,8 @@ from serve_app.models import (
     UpsertRequest,
     UpsertResponse,
 )
-from serve_app.vectors import as_matrix, to_api_distance
+from serve_app.results import results_json
+from serve_app.vectors import as_matrix
 
 router = APIRouter(
     prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
@@ -48,7 +48,7 @@ async def upsert(body: UpsertRequest, request: Request) -> JSON:
 
 
 @router.post("/query", response_model=QueryResponse)
-async def query(body: QueryRequest, request: Request) -> JSON:
+async def query(body: QueryRequest, request: Request) -> Response:
     engine: Engine = engine_of(request)
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
@@ -66,32 +66,8 @@ async def query(body: QueryRequest, request: Request) -> JSON:
     hits = await service.search(
         engine, cv, x, top_k, body.n_probes, body.filters, body.greedy, with_metadata
     )
-    results = shape_results(hits, cv.config.metric, "distance" in include, with_metadata)
-    return JSON({"results": results[0] if single else results})
-
-
-def shape_results(
-    hits: Hits, metric: str, with_distance: bool, with_metadata: bool
-) -> list[list[dict[str, Any]]]:
-    distances = to_api_distance(hits.distances, metric).tolist()
-    ids = hits.ids.tolist()  # nested lists of str | None
-    meta = hits.metadata.tolist() if with_metadata and hits.metadata is not None else None
-    empty = orjson.Fragment(b"{}")
-    out = []
-    for q, n in enumerate(hits.counts.tolist()):
-        row_ids = ids[q]
-        entries: list[dict[str, Any]] = [{"id": row_ids[j]} for j in range(n)]
-        if with_distance:
-            row_d = distances[q]
-            for j in range(n):
-                entries[j]["distance"] = row_d[j]
-        if meta is not None:
-            row_m = meta[q]
-            for j in range(n):
-                m = row_m[j]
-                entries[j]["metadata"] = empty if m is None else orjson.Fragment(m)
-        out.append(entries)
-    return out
+    body_json = results_json(hits, cv.config.metric, "distance" in include, with_metadata, single)
+    return Response(body_json, media_type="application/json")
 
 
 @router.post("/get", response_model=GetResponse)

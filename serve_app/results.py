@@ -1,0 +1,147 @@
+"""The JSON body of a query answer: ``{"results": [[{"id": ..., "distance": ..., "metadata":
+...}, ...], ...]}`` (or one flat list for a single query).
+
+A 1,000-query batch at top_k 10 answers with 10,000 entries. Built as dicts and handed to orjson
+that costs a Python object per id, per distance and per entry; laid out here instead, the body
+is one numpy gather over a source buffer that holds the literals, the ids' UTF-8 bytes, the
+distances as orjson formats them and the metadata's stored JSON. The bytes are identical to
+``orjson.dumps({"results": shape_results(...)})``, which remains the path for ids that JSON
+would escape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from actors.strings import gather_bytes
+from serve_app.engine import Hits
+from serve_app.vectors import to_api_distance
+
+EMPTY_METADATA = orjson.Fragment(b"{}")
+
+# Every literal of the layout in one buffer; each is addressed by (offset, length).
+_LITERALS = [b"[", b"],", b"]", b",", b'{"id":"', b'"', b',"distance":', b',"metadata":', b"}"]
+_LIT_BUF = b"".join(_LITERALS)
+_LIT_AT = np.cumsum([0] + [len(s) for s in _LITERALS])[:-1]
+(
+    ROW_OPEN,
+    ROW_CLOSE_SEP,
+    ROW_CLOSE,
+    ENTRY_SEP,
+    ID_OPEN,
+    ID_CLOSE,
+    DISTANCE,
+    METADATA,
+    ENTRY_CLOSE,
+) = range(len(_LITERALS))
+
+
+def shape_results(
+    hits: Hits, metric: str, with_distance: bool, with_metadata: bool
+) -> list[list[dict[str, Any]]]:
+    """The results as lists of dicts (orjson serialises the metadata fragments as they are)."""
+    distances = to_api_distance(hits.distances, metric).tolist()
+    ids = hits.ids.tolist()  # nested lists of str | None
+    meta = hits.metadata.tolist() if with_metadata and hits.metadata is not None else None
+    out = []
+    for q, n in enumerate(hits.counts.tolist()):
+        row_ids = ids[q]
+        entries: list[dict[str, Any]] = [{"id": row_ids[j]} for j in range(n)]
+        if with_distance:
+            row_d = distances[q]
+            for j in range(n):
+                entries[j]["distance"] = row_d[j]
+        if meta is not None:
+            row_m = meta[q]
+            for j in range(n):
+                m = row_m[j]
+                entries[j]["metadata"] = EMPTY_METADATA if m is None else orjson.Fragment(m)
+        out.append(entries)
+    return out
+
+
+def results_json(
+    hits: Hits, metric: str, with_distance: bool, with_metadata: bool, single: bool
+) -> bytes:
+    """The response body ``{"results": ...}``: one list per query, or the only query's list
+    when ``single``."""
+    counts = hits.counts.astype(np.int64)
+    k = hits.distances.shape[1]
+    keep = np.arange(k)[None, :] < counts[:, None]  # results are the first counts[q] of a row
+    ids = hits.ids.select(keep)
+    meta = hits.metadata if with_metadata else None
+    if not ids.json_safe():
+        results: Any = shape_results(hits, metric, with_distance, meta is not None)
+        return orjson.dumps({"results": results[0] if single else results})
+
+    # Sources, back to back: literals, ids, distances, metadata. A piece is (start, length).
+    sources = [np.frombuffer(_LIT_BUF, dtype=np.uint8), ids.blob]
+    lit_at = _LIT_AT
+    id_at = len(_LIT_BUF) + ids.starts()
+    id_len = ids.lens.astype(np.int64)
+    base = len(_LIT_BUF) + len(ids.blob)
+    columns = [
+        _literal(ID_OPEN, len(id_at)),
+        (id_at, id_len),
+        _literal(ID_CLOSE, len(id_at)),
+    ]
+    if with_distance:
+        at, lens, buf = _numbers(to_api_distance(hits.distances[keep], metric))
+        sources.append(buf)
+        columns += [_literal(DISTANCE, len(id_at)), (at + base, lens)]
+        base += len(buf)
+    if meta is not None:
+        values = [b"{}" if m is None else m for m in meta[keep].tolist()]
+        buf = np.frombuffer(b"".join(values), dtype=np.uint8)
+        lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        sources.append(buf)
+        columns += [_literal(METADATA, len(id_at)), (np.cumsum(lens) - lens + base, lens)]
+    columns.append(_literal(ENTRY_CLOSE, len(id_at)))
+
+    # Piece order: per row "[", its entries ("," between them), then "]," ("]" after the last).
+    n_rows, per_entry = len(counts), len(columns) + 1
+    before = np.cumsum(counts) - counts  # entries in earlier rows
+    row_at = 2 * np.arange(n_rows) + per_entry * before  # index of each row's "["
+    starts = np.empty(2 * n_rows + per_entry * len(id_at), dtype=np.int64)
+    lens_all = np.empty_like(starts)
+    starts[row_at] = lit_at[ROW_OPEN]
+    lens_all[row_at] = 1
+    close = row_at + 1 + per_entry * counts
+    starts[close] = lit_at[ROW_CLOSE_SEP]
+    lens_all[close] = 2
+    if n_rows:  # the last row's "]" has no separator after it
+        starts[close[-1]] = lit_at[ROW_CLOSE]
+        lens_all[close[-1]] = 1
+    row_of = np.repeat(np.arange(n_rows), counts)
+    j = np.arange(len(id_at)) - before[row_of]  # position of each entry within its row
+    first = row_at[row_of] + 1 + per_entry * j  # index of each entry's separator piece
+    starts[first] = lit_at[ENTRY_SEP]
+    lens_all[first] = np.where(j > 0, 1, 0)
+    for c, (col_at, col_len) in enumerate(columns, start=1):
+        starts[first + c] = col_at
+        lens_all[first + c] = col_len
+    body = gather_bytes(np.concatenate(sources), starts, lens_all).tobytes()
+    if single:
+        return b'{"results":' + body + b"}"
+    return b'{"results":[' + body + b"]}"
+
+
+def _literal(which: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full(n, _LIT_AT[which]), np.full(n, len(_LITERALS[which]))
+
+
+def _numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each value's text as orjson writes the Python float (the double nearest it): offsets and
+    lengths into the returned buffer."""
+    text = orjson.dumps(values.astype(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)
+    buf = np.frombuffer(text, dtype=np.uint8)
+    if len(values) == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, buf
+    commas = np.flatnonzero(buf == ord(","))
+    at = np.concatenate(([1], commas + 1))
+    ends = np.concatenate((commas, [len(buf) - 1]))
+    return at, ends - at, buf
