@@ -60,7 +60,8 @@ def control_plane(settings: Settings) -> Any:
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
-        heap.configure()  # request bodies and results recycled in one arena (see actors.heap)
+        # Request bodies and results recycled in one arena, its top kept (see actors.heap).
+        heap.configure(trim_threshold=heap.GATEWAY_TRIM_THRESHOLD)
         s = Settings(**settings)
         if not s.api_key:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
@@ -110,8 +111,8 @@ class Gateway:
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise
 # spin between parallel regions and take the cores from the shards (measured: a 1,000-query
 # coarse step took 24 ms instead of 7 ms on 2 busy cores). Read when faiss loads, hence set
-# in the replica's environment rather than in __init__; so are glibc's (actors.heap.ENV).
-GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.ENV}}
+# in the replica's environment rather than in __init__; so are glibc's (actors.heap).
+GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.GATEWAY_ENV}}
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
