@@ -73,14 +73,31 @@ def centroids_of(index: faiss.IndexIVF) -> np.ndarray:
     return index.quantizer.reconstruct_n(0, index.nlist)
 
 
+# A removal touching up to this many lists is done list by list here; beyond it faiss's own
+# scan of every list (C++, on all threads) is quicker.
+PER_LIST_REMOVE_MAX = 64
+
+
 class PartitionIndex:
-    """A faiss IVF index with integer labels, per-list radii and preassigned search."""
+    """A faiss IVF index with integer labels, per-list radii and preassigned search.
+
+    Removing or reconstructing an item needs the list that holds its label. faiss can keep
+    that map itself (``DirectMap.Hashtable``), but its hash table costs about 50 resident
+    bytes per vector, allocated node by node, whose nodes are left scattered over the heap when
+    a training swap frees the old lists. Here the map is :attr:`list_of`, 4 bytes per label,
+    and an item's offset is found by scanning its one list; faiss keeps no map (``NoMap``).
+    """
 
     def __init__(self, index: faiss.IndexIVF, radii: np.ndarray | None = None):
         self.index = index
-        if index.direct_map.type != faiss.DirectMap.Hashtable:
-            index.set_direct_map_type(faiss.DirectMap.Hashtable)
+        if index.direct_map.type != faiss.DirectMap.NoMap:  # a snapshot written with one
+            index.set_direct_map_type(faiss.DirectMap.NoMap)
         self.radii = radii if radii is not None else np.zeros(index.nlist, dtype=np.float32)
+        self.list_of = np.empty(0, dtype=np.int32)  # label -> list number, -1: not here
+        for list_no in range(index.nlist):
+            ids = self._ids(list_no)
+            if len(ids):
+                self._place(ids, list_no)
 
     @functools.cached_property
     def list_rank(self) -> np.ndarray:
@@ -120,24 +137,95 @@ class PartitionIndex:
         lists1 = np.ascontiguousarray(lists[:, 0])
         np.maximum.at(self.radii, lists1, np.sqrt(np.maximum(dis[:, 0], 0)))
         self.index.add_core(len(x), swig_ptr(x), swig_ptr(labels), swig_ptr(lists1))
+        self._place(labels, lists1)
 
     def remove(self, labels: np.ndarray) -> None:
-        if len(labels):
-            self.index.remove_ids(np.ascontiguousarray(labels, dtype=np.int64))
+        """Remove the items with these labels (labels not in the index are ignored).
+
+        Within a list faiss's order is kept: each removed entry's place is taken by the last
+        remaining entry, as ``IndexIVF.remove_ids`` does."""
+        labels = np.unique(np.asarray(labels, dtype=np.int64))
+        labels = labels[labels < len(self.list_of)]
+        labels = labels[self.list_of[labels] >= 0]
+        if len(labels) == 0:
+            return
+        groups = self._groups(labels)
+        if len(groups) > PER_LIST_REMOVE_MAX:
+            self.index.remove_ids(labels)  # without a direct map: one scan of every list
+        else:
+            invlists, removed = self.index.invlists, 0
+            for list_no, rows in groups:
+                ids = self._ids(list_no)
+                gone = np.isin(ids, labels[rows])
+                keep = len(ids) - int(gone.sum())
+                holes = np.flatnonzero(gone[:keep])
+                fill = keep + np.flatnonzero(~gone[keep:])[::-1]
+                if len(holes):
+                    codes = self._codes(list_no)
+                    ids[holes] = ids[fill]
+                    codes[holes] = codes[fill]
+                invlists.resize(list_no, keep)
+                removed += len(ids) - keep
+            self.index.ntotal = self.ntotal - removed
+        self.list_of[labels] = -1
 
     def reconstruct(self, labels: np.ndarray) -> np.ndarray:
-        if len(labels) == 0:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return self.index.reconstruct_batch(np.ascontiguousarray(labels, dtype=np.int64))
+        """The stored vectors of ``labels`` (which must all be in the index), decoded."""
+        labels = np.asarray(labels, dtype=np.int64)
+        out = np.empty((len(labels), self.dimension), dtype=np.float32)
+        flat = isinstance(self.index, faiss.IndexIVFFlat)  # codes are the vectors themselves
+        for list_no, rows in self._groups(labels):
+            offsets = self._offsets(list_no, labels[rows])
+            if flat:
+                out[rows] = self._codes(list_no).view(np.float32)[offsets]
+            else:
+                for row, offset in zip(rows.tolist(), offsets.tolist()):
+                    self.index.reconstruct_from_offset(list_no, offset, swig_ptr(out[row]))
+        return out
 
     def all_labels(self) -> np.ndarray:
-        invlists = self.index.invlists
-        parts = []
-        for list_no in range(self.nlist):
-            size = invlists.list_size(list_no)
-            if size:
-                parts.append(faiss.rev_swig_ptr(invlists.get_ids(list_no), size).copy())
+        parts = [self._ids(list_no).copy() for list_no in range(self.nlist)]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    # -- the label -> list map ----------------------------------------------------------------
+    def _ids(self, list_no: int) -> np.ndarray:
+        """A list's labels: a view of faiss's own array."""
+        invlists = self.index.invlists
+        return faiss.rev_swig_ptr(invlists.get_ids(list_no), invlists.list_size(list_no))
+
+    def _codes(self, list_no: int) -> np.ndarray:
+        """A list's codes, one row per entry: a view of faiss's own array."""
+        invlists, size = self.index.invlists, self.index.code_size
+        n = invlists.list_size(list_no)
+        return faiss.rev_swig_ptr(invlists.get_codes(list_no), n * size).reshape(n, size)
+
+    def _place(self, labels: np.ndarray, list_nos: np.ndarray | int) -> None:
+        top = int(labels.max()) + 1
+        if top > len(self.list_of):
+            grown = np.full(max(top, len(self.list_of) * 3 // 2), -1, dtype=np.int32)
+            grown[: len(self.list_of)] = self.list_of
+            self.list_of = grown
+        self.list_of[labels] = list_nos
+
+    def _groups(self, labels: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(list number, rows of ``labels`` in that list) for each list holding some."""
+        if len(labels) and (labels.max() >= len(self.list_of) or labels.min() < 0):
+            raise KeyError("label not in this partition")
+        lists = self.list_of[labels]
+        if (lists < 0).any():
+            raise KeyError("label not in this partition")
+        order = np.argsort(lists, kind="stable")
+        starts = np.flatnonzero(np.diff(lists[order], prepend=-1))
+        return [
+            (int(lists[order[a]]), order[a:b])
+            for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(order)])
+        ]
+
+    def _offsets(self, list_no: int, labels: np.ndarray) -> np.ndarray:
+        """Where in list ``list_no`` each of ``labels`` (all in it) is stored."""
+        ids = self._ids(list_no)
+        sorter = np.argsort(ids)
+        return sorter[np.searchsorted(ids, labels, sorter=sorter)]
 
     def search(
         self,

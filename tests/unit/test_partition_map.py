@@ -1,0 +1,100 @@
+"""PartitionIndex removes and reconstructs by label through its own label -> list map exactly as
+faiss does with its own direct map: the same lists, entry for entry, and the same vectors."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from actors.partition import PER_LIST_REMOVE_MAX, PartitionIndex, deserialize, serialize
+from actors.training import TrainParams, train_template
+from tests.conftest import clustered
+
+N, DIM, N_LISTS = 4000, 32, 100
+LABELS = np.arange(N, dtype=np.int64) * 2 + 5  # labels need not be dense
+
+
+def lists_of(index: faiss.IndexIVF) -> list[tuple[list[int], bytes]]:
+    """Every list's labels and codes, in faiss's order."""
+    out = []
+    inv = index.invlists
+    for list_no in range(index.nlist):
+        n = inv.list_size(list_no)
+        ids = faiss.rev_swig_ptr(inv.get_ids(list_no), n).tolist()
+        codes = faiss.rev_swig_ptr(inv.get_codes(list_no), n * index.code_size).tobytes()
+        out.append((ids, codes))
+    return out
+
+
+@pytest.fixture(scope="module", params=["ivfflat", "ivf", "ivfpq"])
+def built(request: pytest.FixtureRequest) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors, serialised template) for one index type."""
+    x = clustered(N, DIM, n_clusters=20, seed=7)
+    template = train_template(x, request.param, N_LISTS, 8, 8, TrainParams(max_iters=6))
+    return x, serialize(template)
+
+
+def pair(built: tuple[np.ndarray, np.ndarray]) -> tuple[PartitionIndex, faiss.IndexIVF]:
+    """The same items in a PartitionIndex and in a plain faiss index with no direct map."""
+    x, template = built
+    part = PartitionIndex(deserialize(template))
+    part.add(LABELS, x)
+    raw = deserialize(serialize(part.index))
+    assert raw.direct_map.type == faiss.DirectMap.NoMap
+    return part, raw
+
+
+@pytest.mark.parametrize("count", [1, 7, 60, 900])  # a few lists, then more than the per-list cap
+def test_remove_leaves_the_lists_faiss_leaves(built, count: int) -> None:
+    part, raw = pair(built)
+    gone = np.random.default_rng(count).choice(LABELS, count, replace=False)
+    lists_touched = len(np.unique(part.list_of[gone]))
+    assert (lists_touched <= PER_LIST_REMOVE_MAX) == (count <= 60)
+    part.remove(gone)
+    assert raw.remove_ids(gone) == count
+    assert lists_of(part.index) == lists_of(raw)
+    assert part.ntotal == raw.ntotal == N - count
+    assert (part.list_of[gone] == -1).all()
+    kept = np.setdiff1d(LABELS, gone)
+    assert np.array_equal(np.sort(part.all_labels()), kept)
+
+
+def test_reconstruct_returns_what_faiss_decodes(built) -> None:
+    part, raw = pair(built)
+    raw.set_direct_map_type(faiss.DirectMap.Hashtable)
+    rng = np.random.default_rng(1)
+    gone = rng.choice(LABELS, 500, replace=False)  # removals move entries inside their lists
+    part.remove(gone)
+    raw.remove_ids(gone)
+    want = rng.choice(np.setdiff1d(LABELS, gone), 300, replace=False)
+    np.testing.assert_array_equal(part.reconstruct(want), raw.reconstruct_batch(want))
+    if isinstance(part.index, faiss.IndexIVFFlat):  # flat codes are the vectors themselves
+        x, _ = built
+        np.testing.assert_array_equal(part.reconstruct(want), x[(want - 5) // 2])
+
+
+def test_labels_not_in_the_index(built) -> None:
+    part, _ = pair(built)
+    before = lists_of(part.index)
+    part.remove(np.array([0, 4, 10**9], dtype=np.int64))  # never added: nothing changes
+    assert lists_of(part.index) == before
+    part.remove(LABELS[:1])
+    part.remove(LABELS[:1])  # twice: the second time it is gone already
+    assert part.ntotal == N - 1
+    with pytest.raises(KeyError):
+        part.reconstruct(LABELS[:1])
+    with pytest.raises(KeyError):
+        part.reconstruct(np.array([10**9], dtype=np.int64))
+    assert part.reconstruct(np.zeros(0, dtype=np.int64)).shape == (0, DIM)
+
+
+def test_index_saved_with_a_direct_map_loads_without_one(built) -> None:
+    """Snapshots written while faiss kept its own map: loaded, the map is rebuilt here."""
+    part, _ = pair(built)
+    part.index.set_direct_map_type(faiss.DirectMap.Hashtable)
+    loaded = PartitionIndex(deserialize(serialize(part.index)))
+    assert loaded.index.direct_map.type == faiss.DirectMap.NoMap
+    assert np.array_equal(loaded.list_of[LABELS], part.list_of[LABELS])
+    some = LABELS[::97]
+    np.testing.assert_array_equal(loaded.reconstruct(some), part.reconstruct(some))
