@@ -98,3 +98,22 @@ def test_index_saved_with_a_direct_map_loads_without_one(built) -> None:
     assert np.array_equal(loaded.list_of[LABELS], part.list_of[LABELS])
     some = LABELS[::97]
     np.testing.assert_array_equal(loaded.reconstruct(some), part.reconstruct(some))
+
+
+def test_fill_lays_out_the_lists_add_does(built) -> None:
+    """A rebuild fills a fresh partition in one go: every list allocated once, yet entry for
+    entry what adding the same items in batches gives (so results do not change)."""
+    x, template = built
+    added = PartitionIndex(deserialize(template))
+    for start in range(0, N, 700):
+        added.add(LABELS[start : start + 700], x[start : start + 700])
+    filled = PartitionIndex(deserialize(template))
+    filled.fill(LABELS, x, batch=1100)
+    assert lists_of(filled.index) == lists_of(added.index)
+    assert filled.ntotal == added.ntotal == N
+    np.testing.assert_array_equal(filled.radii, added.radii)
+    np.testing.assert_array_equal(filled.list_of[LABELS], added.list_of[LABELS])
+    some = LABELS[::53]
+    np.testing.assert_array_equal(filled.reconstruct(some), added.reconstruct(some))
+    with pytest.raises(ValueError):
+        filled.fill(LABELS[:1], x[:1])

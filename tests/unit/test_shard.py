@@ -223,3 +223,33 @@ def test_an_ambiguous_wal_append_never_costs_a_later_acknowledged_write(tmp_path
     reloaded = new_shard(tmp_path).list_ids(KEY)
     assert {f"id{i}" for i in range(20, 30)} <= set(reloaded)  # the acknowledged write survives
     assert set(live) == set(reloaded)  # memory and store agree (the shard reloaded)
+
+
+def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outgrown blocks of a burst of writes go back to the system once the burst is over:
+    one trim per pause, none while writes keep coming (each trim stalls the allocator)."""
+    import actors.shard as shard_mod
+
+    trims: list[float] = []
+    monkeypatch.setattr(shard_mod.heap, "trim", lambda: trims.append(time.monotonic()) or True)
+    monkeypatch.setattr(shard_mod, "TRIM_AFTER_WRITES_S", 1.0)
+    x = clustered(200, 8, seed=2)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x[:10], 0))  # the first write loads the shard (which trims once)
+    time.sleep(1.5)
+    loaded = len(trims)
+    last = time.monotonic()
+    for start in range(10, 200, 10):  # a burst: writes 0.05 s apart, never a 1 s pause
+        shard.upsert(KEY, batch(x[start : start + 10], start))
+        last = time.monotonic()
+        time.sleep(0.05)
+    assert len(trims) == loaded
+    time.sleep(1.6)
+    assert len(trims) == loaded + 1
+    assert trims[-1] - last >= 1.0
+    shard.delete(KEY, ["id1"])  # deletes leave free blocks too
+    time.sleep(1.6)
+    assert len(trims) == loaded + 2
+    shard.delete(KEY, ["missing"])  # changes nothing: no trim due
+    time.sleep(1.5)
+    assert len(trims) == loaded + 2
