@@ -176,7 +176,21 @@ class Shard:
         while (wait := self._last_write + TRIM_AFTER_WRITES_S - time.monotonic()) > 0:
             time.sleep(wait)
         self._trim_pending = False
+        self._lay_out_lists()
         heap.trim()
+
+    def _lay_out_lists(self) -> None:
+        """Lay the partition's lists out exactly once writes have churned them
+        (PartitionIndex.laid_out): copied while searches go on, swapped in unless a write came
+        meanwhile (the next pause tries again)."""
+        with self._lock.read():
+            part, seq = self.partition, self.seq
+            if part is None or self._pending is not None or not part.needs_layout():
+                return
+            lists = part.laid_out()
+        with self._lock.write():
+            if self.partition is part and self.seq == seq and self._pending is None:
+                part.use_lists(lists)
 
     def _log(self, key: bytes, frame: bytes) -> None:
         """Seal and durably append one WAL record (caller holds the lock)."""

@@ -117,3 +117,30 @@ def test_fill_lays_out_the_lists_add_does(built) -> None:
     np.testing.assert_array_equal(filled.reconstruct(some), added.reconstruct(some))
     with pytest.raises(ValueError):
         filled.fill(LABELS[:1], x[:1])
+
+
+def test_lists_laid_out_afresh_hold_what_they_held(built, monkeypatch) -> None:
+    import actors.partition as partition_mod
+
+    monkeypatch.setattr(partition_mod, "COMPACT_MIN", 100)
+    part, _ = pair(built)
+    part.use_lists(part.laid_out())
+    assert part.churn == 0 and not part.needs_layout()
+    x, _ = built
+    part.add(LABELS[:999] + 10**6, x[:999])  # 999 of 4,999: under a quarter
+    assert not part.needs_layout()
+    part.remove(LABELS[:300])  # adds and removals both count
+    assert part.needs_layout()
+    before = lists_of(part.index)
+    q = x[:40] + 0.01
+    coarse, lists = part.index.quantizer.search(q, 8)
+    d0, i0 = part.search(q, 10, lists, coarse, None)
+    part.use_lists(part.laid_out())
+    assert lists_of(part.index) == before
+    assert part.churn == 0 and part.ntotal == N + 999 - 300
+    d1, i1 = part.search(q, 10, lists, coarse, None)
+    np.testing.assert_array_equal(i0, i1)
+    np.testing.assert_array_equal(d0, d1)
+    part.remove(LABELS[300:310])  # the new lists take removals and reconstruction as before
+    some = LABELS[400:420]
+    np.testing.assert_array_equal(part.reconstruct(some), pair(built)[0].reconstruct(some))

@@ -253,3 +253,32 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
     shard.delete(KEY, ["missing"])  # changes nothing: no trim due
     time.sleep(1.5)
     assert len(trims) == loaded + 2
+
+
+def test_churned_lists_are_laid_out_once_writes_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actors.partition as partition_mod
+    import actors.shard as shard_mod
+
+    monkeypatch.setattr(shard_mod, "TRIM_AFTER_WRITES_S", 0.2)
+    monkeypatch.setattr(partition_mod, "COMPACT_MIN", 50)
+    x = clustered(600, 16, seed=4)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x[:300], 0))
+    template = train_template(x, "ivfflat", 8, None, None, TrainParams(max_iters=4))
+    shard.rebuild(KEY, 1, serialize(template))
+    part = shard.partition
+    assert part is not None and part.churn == 0
+    q = x[:20] + 0.01
+    z = np.tile(np.arange(8), (len(q), 1))
+    req = SearchRequest(q, 5, 1, z, np.zeros((len(q), 8), np.float32))
+    for start in range(300, 600, 30):  # 300 adds into trained lists: churn past a quarter
+        shard.upsert(KEY, batch(x[start : start + 30], start))
+    assert part.churn == 300 and part.needs_layout()
+    before, _ = shard.search(KEY, req)
+    time.sleep(1.0)
+    assert shard.partition is part and part.churn == 0
+    after, _ = shard.search(KEY, req)
+    assert after.ids.tolist() == before.ids.tolist()
+    np.testing.assert_array_equal(after.distances, before.distances)
