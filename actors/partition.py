@@ -86,7 +86,7 @@ class PartitionIndex:
     """A faiss IVF index with integer labels, per-list radii and preassigned search.
 
     Removing or reconstructing an item needs the list that holds its label. faiss can keep
-    that map itself (``DirectMap.Hashtable``), but its hash table costs about 50 resident
+    that map itself (``DirectMap.Hashtable``), but its hash table costs 30 to 50 resident
     bytes per vector, allocated node by node, whose nodes are left scattered over the heap when
     a training swap frees the old lists. Here the map is :attr:`list_of`, 4 bytes per label,
     and an item's offset is found by scanning its one list; faiss keeps no map (``NoMap``).
