@@ -168,7 +168,8 @@ class Shard:
         self._last_write = time.monotonic()
         if not self._trim_pending:
             self._trim_pending = True
-            threading.Thread(target=self._tidy_when_idle, daemon=True).start()
+            name = f"vaultvec-tidy-{id(self):x}"
+            threading.Thread(target=self._tidy_when_idle, name=name, daemon=True).start()
 
     def _tidy_when_idle(self) -> None:
         """Growing lists and arrays leave their outgrown blocks free inside the heap, where
