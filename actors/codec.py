@@ -47,10 +47,8 @@ def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarra
 def pack_strings(items: Sequence[str | bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """Encode strings/bytes/None as (uint8 blob, int64 lengths with -1 for None)."""
     encoded = [s.encode() if isinstance(s, str) else s for s in items]
-    lengths = np.fromiter(
-        (-1 if b is None else len(b) for b in encoded), dtype=np.int64, count=len(encoded)
-    )
-    blob = b"".join(b for b in encoded if b is not None)
+    lengths = np.array([-1 if b is None else len(b) for b in encoded], dtype=np.int64)
+    blob = b"".join(filter(None, encoded))  # None and empty entries add no bytes
     return np.frombuffer(blob, dtype=np.uint8), lengths
 
 

@@ -165,10 +165,8 @@ class PartitionIndex:
             self.index.encode_vectors(
                 len(rows), swig_ptr(rows), swig_ptr(lists[i : i + batch]), swig_ptr(codes[i:])
             )
-        starts = np.flatnonzero(np.diff(lists, prepend=-1))
-        ends = [*starts[1:].tolist(), len(lists)]
         invlists = self.index.invlists
-        for a, b in zip(starts.tolist(), ends):
+        for a, b in _runs(lists):
             invlists.add_entries(int(lists[a]), b - a, swig_ptr(labels[a:b]), swig_ptr(codes[a:b]))
         self.index.ntotal = len(labels)
         self._place(labels, lists)
@@ -287,11 +285,7 @@ class PartitionIndex:
         if (lists < 0).any():
             raise KeyError("label not in this partition")
         order = np.argsort(lists, kind="stable")
-        starts = np.flatnonzero(np.diff(lists[order], prepend=-1))
-        return [
-            (int(lists[order[a]]), order[a:b])
-            for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(order)])
-        ]
+        return [(int(lists[order[a]]), order[a:b]) for a, b in _runs(lists[order])]
 
     def _offsets(self, list_no: int, labels: np.ndarray) -> np.ndarray:
         """Where in list ``list_no`` each of ``labels`` (all in it) is stored."""
@@ -378,6 +372,12 @@ class PartitionIndex:
             d2, l2 = self.search(x[todo], k, window, dis_c[todo, start:stop], selector_bits)
             distances[todo], labels[todo] = merge_topk([distances[todo], d2], [labels[todo], l2], k)
             probed[todo] = stop
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal values in a sorted array of list numbers (>= 0)."""
+    starts = np.flatnonzero(np.diff(values, prepend=-1)).tolist()
+    return list(zip(starts, [*starts[1:], len(values)]))
 
 
 # Below this many queries a batch is searched as it comes: too few share lists to matter.

@@ -24,11 +24,11 @@ from actors.strings import StringBlock
 from serve_app import service
 from serve_app.engine import SHARD_ERRORS, Engine, retry_stale, unwrap
 from serve_app.http import REPLICA
+from serve_app.results import EMPTY_METADATA, filled
 from serve_app.vectors import as_matrix, to_api_distance
 
 log = logging.getLogger("vaultvec.errors")
 F32 = np.dtype("<f4")
-EMPTY = orjson.Fragment(b"{}")
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,11 @@ def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
         ids = hits.ids.json_array()
         meta = None if hits.metadata is None else hits.metadata.ravel().tolist()
     else:
-        keep = np.arange(k)[None, :] < counts[:, None]
+        keep = filled(counts, k)
         ids = hits.ids.select(keep).json_array()
         meta = None if hits.metadata is None else hits.metadata[keep].tolist()
     if meta is not None:  # as the JSON route: an item without metadata has {}
-        meta = [EMPTY if m is None else orjson.Fragment(m) for m in meta]
+        meta = [EMPTY_METADATA if m is None else orjson.Fragment(m) for m in meta]
     return ids, meta
 
 

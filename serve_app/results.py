@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from actors.codec import pack_strings
 from actors.strings import gather_bytes
 from serve_app.engine import Hits
 from serve_app.vectors import to_api_distance
@@ -23,7 +24,18 @@ from serve_app.vectors import to_api_distance
 EMPTY_METADATA = orjson.Fragment(b"{}")
 
 # Every literal of the layout in one buffer; each is addressed by (offset, length).
-_LITERALS = [b"[", b"],", b"]", b",", b'{"id":"', b'"', b',"distance":', b',"metadata":', b"}"]
+_LITERALS = [
+    b"[",
+    b"],",
+    b"]",
+    b",",
+    b'{"id":"',
+    b'"',
+    b',"distance":',
+    b',"metadata":',
+    b"}",
+    b"{}",
+]
 _LIT_BUF = b"".join(_LITERALS)
 _LIT_AT = np.cumsum([0] + [len(s) for s in _LITERALS])[:-1]
 (
@@ -36,7 +48,13 @@ _LIT_AT = np.cumsum([0] + [len(s) for s in _LITERALS])[:-1]
     DISTANCE,
     METADATA,
     ENTRY_CLOSE,
+    NO_METADATA,
 ) = range(len(_LITERALS))
+
+
+def filled(counts: np.ndarray, k: int) -> np.ndarray:
+    """The (nq, k) mask of real results: a row's results are its first counts[q] entries."""
+    return np.arange(k)[None, :] < counts[:, None]
 
 
 def shape_results(
@@ -69,8 +87,7 @@ def results_json(
     """The response body ``{"results": ...}``: one list per query, or the only query's list
     when ``single``."""
     counts = hits.counts.astype(np.int64)
-    k = hits.distances.shape[1]
-    keep = np.arange(k)[None, :] < counts[:, None]  # results are the first counts[q] of a row
+    keep = filled(counts, hits.distances.shape[1])
     ids = hits.ids.select(keep)
     meta = hits.metadata if with_metadata else None
     if not ids.json_safe():
@@ -94,11 +111,11 @@ def results_json(
         columns += [_literal(DISTANCE, len(id_at)), (at + base, lens)]
         base += len(buf)
     if meta is not None:
-        values = [b"{}" if m is None else m for m in meta[keep].tolist()]
-        buf = np.frombuffer(b"".join(values), dtype=np.uint8)
-        lens = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        buf, lens = pack_strings(meta[keep].tolist())  # stored JSON; -1: none, written {}
+        none = lens < 0
+        at = np.where(none, lit_at[NO_METADATA], np.cumsum(np.maximum(lens, 0)) - lens + base)
         sources.append(buf)
-        columns += [_literal(METADATA, len(id_at)), (np.cumsum(lens) - lens + base, lens)]
+        columns += [_literal(METADATA, len(id_at)), (at, np.where(none, 2, lens))]
     columns.append(_literal(ENTRY_CLOSE, len(id_at)))
 
     # Piece order: per row "[", its entries ("," between them), then "]," ("]" after the last).
