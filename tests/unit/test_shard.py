@@ -243,24 +243,29 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
     x = clustered(200, 8, seed=2)
     shard = new_shard(tmp_path)
     mine.add(f"vaultvec-tidy-{id(shard):x}")
-    shard.upsert(KEY, batch(x[:10], 0))  # the first write loads the shard (which trims once)
-    time.sleep(1.5)
-    loaded = len(trims)
+
+    def trims_reach(n: int) -> bool:
+        """Wait (up to 20 s: the tidy-up runs a full garbage collection) for n trims."""
+        deadline = time.monotonic() + 20.0
+        while len(trims) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(trims) == n
+
+    shard.upsert(KEY, batch(x[:10], 0))  # loading trims once, the write's pause once more
+    assert trims_reach(2)
     last = time.monotonic()
     for start in range(10, 200, 10):  # a burst: writes 0.05 s apart, never a 1 s pause
         shard.upsert(KEY, batch(x[start : start + 10], start))
         last = time.monotonic()
         time.sleep(0.05)
-    assert len(trims) == loaded
-    time.sleep(1.6)
-    assert len(trims) == loaded + 1
+    assert len(trims) == 2
+    assert trims_reach(3)
     assert trims[-1] - last >= 1.0
     shard.delete(KEY, ["id1"])  # deletes leave free blocks too
-    time.sleep(1.6)
-    assert len(trims) == loaded + 2
+    assert trims_reach(4)
     shard.delete(KEY, ["missing"])  # changes nothing: no trim due
     time.sleep(1.5)
-    assert len(trims) == loaded + 2
+    assert len(trims) == 4
 
 
 def test_churned_lists_are_laid_out_once_writes_pause(
@@ -285,7 +290,9 @@ def test_churned_lists_are_laid_out_once_writes_pause(
         shard.upsert(KEY, batch(x[start : start + 30], start))
     assert part.churn == 300 and part.needs_layout()
     before, _ = shard.search(KEY, req)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 20.0  # the tidy-up's garbage collection may take a while
+    while part.churn and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert shard.partition is part and part.churn == 0
     after, _ = shard.search(KEY, req)
     assert after.ids.tolist() == before.ids.tolist()
