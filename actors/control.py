@@ -242,9 +242,18 @@ class ControlPlane:
         return False
 
     def training_status(self) -> dict[str, Any]:
+        """Every field CyborgDB's clients read: trainings run at once, so none is queued."""
         with self._lock:
             running = sorted(n for n, f in self._training.items() if not f.done())
-        return {"training_indexes": running, "retrain_threshold": self.options.auto_train_threshold}
+        return {
+            "training_indexes": running,
+            "retrain_threshold": self.options.auto_train_threshold,
+            "worker_pid": os.getpid(),
+            "global_training": {},
+            "currently_training": running[0] if running else None,
+            "queued_indexes": [],
+            "worker_running": bool(running),
+        }
 
     def _train_job(
         self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]
@@ -268,7 +277,9 @@ class ControlPlane:
         total = sum(counts)
         if total == 0 or cfg.dimension is None:
             raise InvalidRequest("cannot train an empty index")
-        n_lists = params.n_lists or auto_n_lists(total)
+        n_lists = params.n_lists or cfg.n_lists_requested or auto_n_lists(total)
+        if not params.n_lists and cfg.n_lists_requested:  # asked at create time: as many as fit
+            n_lists = min(n_lists, max(1, total // 39))
         if n_lists > total:
             raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
         size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
@@ -279,7 +290,9 @@ class ControlPlane:
             ]
         )
         sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32)
-        template = train_template(sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params)
+        template = train_template(
+            sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params, sq_bits=cfg.sq_bits
+        )
         table = calibrate_nprobe(template, sample, cfg.recall_target)
         new_cfg = cfg.evolve(
             version=cfg.version + 1, n_lists=n_lists, trained_size=total, nprobe_table=table

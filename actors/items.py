@@ -57,7 +57,17 @@ class ItemTable:
         return self.find(ids)[0]
 
     def all_ids(self) -> list[str]:
-        return [i for i in self.ids.get(self.live_labels()).flat() if i is not None]
+        return self.ids_of(self.live_labels())
+
+    def ids_of(self, labels: np.ndarray) -> list[str]:
+        return [i for i in self.ids.get(labels).flat() if i is not None]
+
+    def matching(self, node: FilterNode | None) -> np.ndarray:
+        """Labels of the live items that ``node`` matches (every live item when None)."""
+        if node is None:
+            return self.live_labels()
+        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
+        return np.flatnonzero(mask).astype(np.int64)
 
     def insert(
         self,

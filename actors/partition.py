@@ -28,15 +28,19 @@ def untrained_template(dimension: int) -> faiss.IndexIVF:
 
 
 def new_ivf(
-    index_type: str, dimension: int, n_lists: int, pq_dim: int | None, pq_bits: int | None
+    index_type: str,
+    dimension: int,
+    n_lists: int,
+    pq_dim: int | None,
+    pq_bits: int | None,
+    sq_bits: int | None = None,
 ) -> faiss.IndexIVF:
     quantizer = faiss.IndexFlatL2(dimension)
     if index_type == "ivfflat":
         index = faiss.IndexIVFFlat(quantizer, dimension, n_lists, faiss.METRIC_L2)
     elif index_type == "ivf":
-        index = faiss.IndexIVFScalarQuantizer(
-            quantizer, dimension, n_lists, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_L2
-        )
+        qtype = faiss.ScalarQuantizer.QT_fp16 if sq_bits == 16 else faiss.ScalarQuantizer.QT_8bit
+        index = faiss.IndexIVFScalarQuantizer(quantizer, dimension, n_lists, qtype, faiss.METRIC_L2)
     elif index_type == "ivfpq":
         m = pq_dim or default_pq_dim(dimension)
         index = faiss.IndexIVFPQ(quantizer, dimension, n_lists, m, pq_bits or 8)

@@ -24,6 +24,7 @@ import numpy as np
 from actors import codec, heap, persistence
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest
+from actors.filters import FilterNode
 from actors.items import ItemTable
 from actors.partition import PartitionIndex, serialize
 from actors.rwlock import RWLock
@@ -363,6 +364,12 @@ class Shard:
     def list_ids(self, key: bytes) -> list[str]:
         with self._reading(key):
             return self.items.all_ids()
+
+    def match_ids(self, key: bytes, node: FilterNode | None, limit: int | None) -> list[str]:
+        """Ids of the items that ``node`` matches (all when None), at most ``limit``."""
+        with self._reading(key):
+            labels = self.items.matching(node)
+            return self.items.ids_of(labels if limit is None else labels[:limit])
 
     def stats(self, key: bytes) -> ShardStats:
         with self._reading(key):

@@ -47,6 +47,7 @@ def train_template(
     pq_bits: int | None,
     params: TrainParams,
     seed: int = 1234,
+    sq_bits: int | None = None,
 ) -> faiss.IndexIVF:
     """k-means on ``vectors`` (already sampled) then SQ/PQ training; returns an empty index."""
     n, d = vectors.shape
@@ -57,7 +58,7 @@ def train_template(
             f"ivfpq with pq_bits={pq_bits or 8} needs at least {2 ** (pq_bits or 8)} items to train"
         )
     centroids = kmeans(vectors, n_lists, params.max_iters or 20, params.tolerance, seed)
-    index = new_ivf(index_type, d, n_lists, pq_dim, pq_bits)
+    index = new_ivf(index_type, d, n_lists, pq_dim, pq_bits, sq_bits)
     index.quantizer.add(centroids)
     if index_type == "ivfflat":
         index.is_trained = True

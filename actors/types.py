@@ -31,7 +31,9 @@ class IndexConfig:
     dimension: int | None = None
     pq_dim: int | None = None
     pq_bits: int | None = None
+    sq_bits: int | None = None  # ivf: 8 (None) or 16 (half precision)
     embedding_model: str | None = None
+    n_lists_requested: int | None = None  # given at create time; None = automatic
     # Training state. version 0 = untrained (exact search); each training swap bumps it.
     version: int = 0
     n_lists: int = 1

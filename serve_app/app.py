@@ -19,7 +19,8 @@ from serve_app.embedder import Embedder
 from serve_app.engine import Engine
 from serve_app.http import configure_replica
 from serve_app.models import ErrorResponse
-from serve_app.routes import binary, health, indexes, vectors
+from serve_app.routes import arrays as array_routes
+from serve_app.routes import health, indexes, vectors
 
 log = logging.getLogger("vaultvec.app")
 
@@ -32,7 +33,14 @@ def create_app() -> FastAPI:
         "Every route but /v1/health needs the X-API-Key header.",
         responses={422: {"model": ErrorResponse, "description": "Invalid parameters"}},
     )
-    for router in (health.router, indexes.router, vectors.router, binary.router):
+    routers = (
+        health.router,
+        indexes.router,
+        indexes.models_router,
+        vectors.router,
+        array_routes.router,
+    )
+    for router in routers:
         app.include_router(router, prefix="/v1")
     errors.install(app)
     return app

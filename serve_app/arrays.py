@@ -1,9 +1,9 @@
-"""Array-level query and upsert: what the binary routes and the Ray (DeploymentHandle) transport
-share. Both hand numpy matrices in; the semantics, defaults and errors are serve_app.service's,
+"""Array-level query and upsert: what the base64 matrix routes and the Ray (DeploymentHandle)
+transport share. Both hand numpy matrices in; the semantics, defaults and errors are serve_app.service's,
 so every transport answers alike.
 
-Also the base64 codec of the binary routes: a matrix travels as base64 of its little-endian
-float32 bytes, row-major, plus a ``[rows, dimension]`` shape.
+Also the base64 codec of those routes: a matrix travels as base64 of its little-endian float32
+bytes, row-major, with its ``[rows, dimension]`` shape or its dimension alone.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from actors.strings import StringBlock
 from serve_app import service
 from serve_app.engine import SHARD_ERRORS, Engine, retry_stale, unwrap
 from serve_app.http import REPLICA
-from serve_app.results import EMPTY_METADATA, filled
+from serve_app.results import filled
 from serve_app.vectors import as_matrix, to_api_distance
 
 log = logging.getLogger("vaultvec.errors")
@@ -47,14 +47,27 @@ def decode_matrix(data: str, shape: Sequence[int], field: str) -> np.ndarray:
     rows, dim = int(shape[0]), int(shape[1])
     if rows < 1 or dim < 1:
         raise InvalidRequest(f"{field}: shape must be [rows >= 1, dimension >= 1]")
+    return decode_rows(data, rows, dim, field, f"shape {[rows, dim]} of float32 needs")
+
+
+def decode_rows(
+    data: str, rows: int | None, dim: int, field: str, need: str | None = None
+) -> np.ndarray:
+    """base64 little-endian float32 with ``dim`` columns -> a validated (rows, dim) matrix;
+    ``rows`` None: as many as the bytes hold (at least one)."""
     try:
         raw = pybase64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequest(f"{field} is not valid base64") from None
-    if len(raw) != rows * dim * 4:
-        raise InvalidRequest(
-            f"{field} holds {len(raw)} bytes; shape {[rows, dim]} of float32 needs {rows * dim * 4}"
-        )
+    row_bytes = dim * 4
+    if rows is None:
+        rows = len(raw) // row_bytes if len(raw) % row_bytes == 0 else -1
+    if rows < 1 or len(raw) != rows * row_bytes:
+        if rows < 1:
+            need = f"a whole number of rows (at least one) of {row_bytes} bytes"
+        else:
+            need = f"{need or f'{rows} rows of {dim} float32 need'} {rows * row_bytes}"
+        raise InvalidRequest(f"{field} holds {len(raw)} bytes; {need}")
     x, _ = as_matrix(np.frombuffer(raw, dtype=F32).reshape(rows, dim), field)
     return x
 
@@ -141,7 +154,7 @@ def encode_metadata(m: Any) -> bytes | None:
 
 
 def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
-    """The binary response's flat ids as the bytes of a JSON array (and the metadata list) in
+    """The compact answer's flat ids as the bytes of a JSON array (and the metadata list) in
     query order: row q's counts[q] entries."""
     counts = hits.counts
     k = hits.ids.shape[1]
@@ -152,8 +165,8 @@ def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
         keep = filled(counts, k)
         ids = hits.ids.select(keep).json_array()
         meta = None if hits.metadata is None else hits.metadata[keep].tolist()
-    if meta is not None:  # as the JSON route: an item without metadata has {}
-        meta = [EMPTY_METADATA if m is None else orjson.Fragment(m) for m in meta]
+    if meta is not None:  # as the JSON route: an item without metadata has null
+        meta = [None if m is None else orjson.Fragment(m) for m in meta]
     return ids, meta
 
 
@@ -192,7 +205,7 @@ async def handle_query(
     greedy: bool | None = None,
     include: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``Gateway.query_arrays``: the binary route's answer with numpy arrays, for Ray to carry.
+    """``Gateway.query_arrays``: the query_arrays answer with numpy arrays, for Ray to carry.
 
     {"top_k": k, "counts": (nq,) int64, "ids": JSON bytes of the flat id list (sum(counts)
     ids, query after query), "distances": (nq, k) float32 (+inf past counts[q]) or None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import threading
@@ -109,9 +110,16 @@ class ModelRegistry:
         return sorted(self._models)
 
     def path(self, name: str) -> Path:
-        """The model's directory; a 422 naming the available models if there is none."""
+        """The model's directory; a 422 naming the available models if there is none.
+
+        As in CyborgDB, a name matches in any case and with or without its organisation
+        prefix: ``sentence-transformers/all-MiniLM-L6-v2`` is ``all-minilm-l6-v2``."""
         if name in self.paths:
             return self.paths[name]
+        bare = name.rsplit("/", 1)[-1].lower()
+        for known, path in self.paths.items():
+            if known.rsplit("/", 1)[-1].lower() == bare:
+                return path
         if not self.installed:
             raise InvalidRequest(INSTALL_HINT)
         if not self.paths:
@@ -121,6 +129,26 @@ class ModelRegistry:
         raise InvalidRequest(
             f"unknown embedding_model {name!r}; available: {', '.join(self.available())}"
         )
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each available model's name, dimension and max_seq_length, read from its
+        sentence-transformers config files (nothing is loaded; unknown values are null)."""
+
+        def read(path: Path, file: str, field: str) -> int | None:
+            try:
+                value = json.loads((path / file).read_text()).get(field)
+            except (OSError, ValueError):
+                return None
+            return int(value) if isinstance(value, int) else None
+
+        return [
+            {
+                "name": name,
+                "dimension": read(path, "1_Pooling/config.json", "word_embedding_dimension"),
+                "max_seq_length": read(path, "sentence_bert_config.json", "max_seq_length"),
+            }
+            for name, path in sorted(self.paths.items())
+        ]
 
     def load(self, name: str) -> Any:
         """The loaded SentenceTransformer for ``name`` (thread-safe, loaded once)."""
@@ -212,8 +240,9 @@ class Embedder:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def models(self) -> list[str]:
-        return self.registry.available()
+    async def models(self) -> list[dict[str, Any]]:
+        """The available models (GET /v1/embedding-models)."""
+        return self.registry.describe()
 
     async def dimension(self, name: str) -> int:
         self.registry.path(name)  # 422 for an unknown model, without touching the worker

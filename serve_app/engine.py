@@ -340,7 +340,7 @@ class Engine:
                     entry["contents"] = part.contents[j]
                 if part.metadata is not None:
                     m = part.metadata[j]
-                    entry["metadata"] = orjson.Fragment(m) if m is not None else {}
+                    entry["metadata"] = orjson.Fragment(m) if m is not None else None
                 found[item_id] = entry
         return found
 

@@ -1,4 +1,4 @@
-"""Request and response models of the /v1 API (wire-compatible with CyborgDB's v0.12-0.14 service).
+"""Request and response models of the /v1 API (a drop-in for CyborgDB's service, SDKs 0.11-0.18).
 
 A field sent as JSON null means "use the default": every optional field is ``X | None = None``
 and defaults are resolved by the engine. Unknown fields are ignored, as existing clients send
@@ -13,8 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
 IndexType = Literal["ivfflat", "ivf", "ivfpq"]
+# What create accepts: vaultvec's names plus CyborgDB's newer ones (serve_app.routes.indexes).
+IndexTypeIn = Literal["ivfflat", "ivf", "ivfpq", "ivfsq", "diskivf"]
+StoragePrecision = Literal["float32", "float16", "tq12", "tq8", "tq6", "tq4"]
 Metric = Literal["euclidean", "squared_euclidean", "cosine"]
-QueryInclude = Literal["distance", "metadata"]
+QueryInclude = Literal["distance", "metadata", "vector", "contents"]
 GetInclude = Literal["vector", "contents", "metadata"]
 
 IndexName = Annotated[str, Field(min_length=1, max_length=255, description="Index name")]
@@ -35,15 +38,31 @@ class IndexRequest(Model):
 
 
 class IndexConfigIn(Model):
-    type: IndexType | None = Field(None, description="ivfflat (default), ivf (SQ8) or ivfpq")
+    type: IndexTypeIn | None = Field(
+        None, description="ivfflat (default), ivf (scalar-quantised) or ivfpq; ivfsq = ivf"
+    )
+    index_type: IndexTypeIn | None = Field(None, description="the same as type")
     dimension: int | None = Field(None, ge=1, le=65536)
-    pq_dim: int | None = Field(None, ge=1, description="ivfpq: sub-quantizers; divides dimension")
-    pq_bits: int | None = Field(None, ge=1, le=16, description="ivfpq: bits per sub-quantizer")
+    pq_dim: int | None = Field(None, ge=0, description="ivfpq: sub-quantizers; divides dimension")
+    pq_bits: int | None = Field(None, ge=0, le=16, description="ivfpq: bits per sub-quantizer")
+    sq_bits: int | None = Field(None, description="ivf/ivfsq: 8 (default) or 16 (half precision)")
+    n_lists: int | None = Field(
+        None, ge=0, description="IVF lists to train (null/0 = automatic, about 4*sqrt(N))"
+    )
     metric: Metric | None = None
 
 
 class CreateIndexRequest(IndexRequest):
     index_config: IndexConfigIn | None = None
+    # The top-level forms newer CyborgDB clients send (they take precedence over index_config).
+    index_type: IndexTypeIn | None = Field(None, description="as index_config.type")
+    dimension: int | None = Field(None, ge=1, le=65536, description="as index_config.dimension")
+    n_lists: int | None = Field(None, ge=0, description="as index_config.n_lists")
+    storage_precision: StoragePrecision | None = Field(
+        None,
+        description="diskivf: float32 (default) keeps original vectors (ivfflat), float16 "
+        "half-precision scalar quantisation (ivf, sq_bits 16); the tq* tiers are not supported",
+    )
     metric: Metric | None = Field(
         None, description="euclidean (default), squared_euclidean, cosine"
     )
@@ -58,6 +77,12 @@ class CreateIndexRequest(IndexRequest):
         le=256,
         description="vaultvec extension: shard actors for this index; null = the server's "
         "default (VAULTVEC_SHARDS, or one per Ray node with CPUs, at least 2)",
+    )
+    # CyborgDB features vaultvec does not offer: refused with a 422 naming them when used.
+    kms_name: str | None = Field(None, description="not supported: send index_key")
+    text_fields: list[str] | None = Field(None, description="not supported (BM25 full text)")
+    metadata_schema: dict[str, Any] | None = Field(
+        None, description="accepted: every metadata field is filterable; full_text is refused"
     )
 
 
@@ -97,16 +122,32 @@ class QueryRequest(IndexRequest):
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
     greedy: bool | None = None
     filters: dict[str, Any] | None = None
-    include: list[QueryInclude] | None = Field(None, description='default ["distance","metadata"]')
+    include: list[QueryInclude] | None = Field(
+        None,
+        description='default ["distance","metadata"]; distance is always returned; vector '
+        "only on ivfflat indexes",
+    )
 
 
 class GetRequest(IndexRequest):
-    ids: list[str] = Field(min_length=1)
-    include: list[GetInclude] | None = None
+    ids: list[str] = Field(description="unknown ids are omitted; a repeated id is returned once")
+    include: list[GetInclude] | None = Field(
+        None, description="default: every field the index keeps (vector only on ivfflat)"
+    )
 
 
 class DeleteRequest(IndexRequest):
-    ids: list[str] = Field(min_length=1)
+    ids: list[str] = Field(description="[] deletes nothing")
+
+
+class QueryMetadataRequest(IndexRequest):
+    filters: dict[str, Any] | None = Field(None, description="null or {} matches every item")
+    top_k: int | None = Field(None, ge=1, description="at most this many ids; null = all")
+    include: list[GetInclude] | None = Field(
+        None, description="fields to return with each id (as /v1/vectors/get); default none"
+    )
+    order_by: Any = Field(None, description="not supported: must be null")
+    text: str | None = Field(None, description="not supported (BM25 full text): must be null")
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -126,18 +167,22 @@ class ListIndexesResponse(Model):
 
 
 class IndexConfigOut(Model):
+    index_type: IndexType
     type: IndexType
-    dimension: int | None
+    dimension: int = Field(description="0 while unknown (fixed by the first upsert)")
     metric: Metric
     n_lists: int
-    pq_dim: int | None = None
-    pq_bits: int | None = None
+    pq_dim: int = Field(description="0 unless ivfpq")
+    pq_bits: int = Field(description="0 unless ivfpq")
 
 
 class DescribeResponse(Model):
     index_name: str
     index_type: IndexType
     is_trained: bool
+    dimension: int = Field(description="0 while unknown")
+    metric: Metric
+    n_lists: int
     index_config: IndexConfigOut
     embedding_model: str | None
     num_vectors: int
@@ -146,6 +191,21 @@ class DescribeResponse(Model):
 class TrainingStatusResponse(Model):
     training_indexes: list[str]
     retrain_threshold: int
+    worker_pid: int
+    global_training: dict[str, Any]
+    currently_training: str | None
+    queued_indexes: list[str]
+    worker_running: bool
+
+
+class EmbeddingModel(Model):
+    name: str
+    dimension: int | None
+    max_seq_length: int | None
+
+
+class EmbeddingModelsResponse(Model):
+    models: list[EmbeddingModel]
 
 
 class UpsertResponse(StatusResponse):
@@ -158,8 +218,10 @@ class DeleteResponse(StatusResponse):
 
 class QueryResult(Model):
     id: str
-    distance: float | None = None
+    distance: float
     metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
+    contents: str | None = None
 
 
 class QueryResponse(Model):
@@ -182,8 +244,14 @@ class ListIdsResponse(Model):
     count: int
 
 
-class NumVectorsResponse(Model):
+class NumVectorsResponse(StatusResponse):
     result: int
+
+
+class QueryMetadataResponse(Model):
+    results: list[GetResult]
+    ids: list[str]
+    count: int
 
 
 class ErrorResponse(Model):
@@ -192,10 +260,11 @@ class ErrorResponse(Model):
     errors: list[dict[str, Any]] | None = None
 
 
-# -- binary batch forms (/v1/vectors/query_binary, /v1/vectors/upsert_binary) ----------------
+# -- compact array forms (/v1/vectors/query_arrays, /v1/vectors/upsert_arrays) -------------
 Shape = Annotated[
     list[int], Field(min_length=2, max_length=2, description="[rows, dimension] of the matrix")
 ]
+ArraysInclude = Literal["distance", "metadata"]
 Base64Matrix = Annotated[
     str,
     Field(
@@ -205,17 +274,17 @@ Base64Matrix = Annotated[
 ]
 
 
-class BinaryQueryRequest(IndexRequest):
+class ArraysQueryRequest(IndexRequest):
     query_vectors: Base64Matrix
     shape: Shape
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
     greedy: bool | None = None
     filters: dict[str, Any] | None = None
-    include: list[QueryInclude] | None = Field(None, description='default ["distance","metadata"]')
+    include: list[ArraysInclude] | None = Field(None, description='default ["distance","metadata"]')
 
 
-class BinaryQueryResponse(Model):
+class ArraysQueryResponse(Model):
     """Results of every query as compact arrays. Query q has ``counts[q]`` results (fewer than
     ``top_k`` only when fewer items match); ``ids`` (and ``metadata``) hold them flat, query
     after query, each query's results in ascending distance."""
@@ -234,7 +303,7 @@ class BinaryQueryResponse(Model):
     )
 
 
-class BinaryUpsertRequest(IndexRequest):
+class ArraysUpsertRequest(IndexRequest):
     ids: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
         min_length=1, description="one id per row of vectors"
     )
@@ -242,3 +311,45 @@ class BinaryUpsertRequest(IndexRequest):
     shape: Shape
     metadata: list[dict[str, Any] | None] | None = Field(None, description="one per id, or null")
     contents: list[str | None] | None = Field(None, description="one per id, or null")
+
+
+# -- CyborgDB's binary forms (/v1/vectors/upsert_binary, /v1/vectors/query_binary) -----------
+Base64Rows = Annotated[
+    str,
+    Field(
+        description="base64 of a row-major little-endian float32 matrix with `dimension` "
+        "columns: rows * dimension * 4 bytes"
+    ),
+]
+
+
+class BinaryVectorBatch(Model):
+    ids: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        min_length=1, description="one id per row"
+    )
+    vectors_b64: Base64Rows
+    dimension: int = Field(ge=1, le=65536)
+    metadata: list[dict[str, Any] | None] | None = Field(None, description="one per id, or null")
+    contents: list[str | None] | None = Field(
+        None, description='one per id, or null; "" means no contents'
+    )
+
+
+class BinaryUpsertRequest(IndexRequest):
+    batch: BinaryVectorBatch
+
+
+class BinaryQueryBatch(Model):
+    vectors_b64: Base64Rows
+    dimension: int = Field(ge=1, le=65536)
+
+
+class BinaryQueryRequest(IndexRequest):
+    batch: BinaryQueryBatch
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[QueryInclude] | None = Field(
+        None, description='as /v1/vectors/query; default ["distance","metadata"]'
+    )

@@ -1,5 +1,6 @@
 """The JSON body of a query answer: ``{"results": [[{"id": ..., "distance": ..., "metadata":
-...}, ...], ...]}`` (or one flat list for a single query).
+...}, ...], ...]}`` (or one flat list for a single query); an item stored without metadata has
+``"metadata": null``.
 
 A 1,000-query batch at top_k 10 answers with 10,000 entries. Built as dicts and handed to orjson
 that costs a Python object per id, per distance and per entry; laid out here instead, the body
@@ -21,8 +22,6 @@ from actors.strings import gather_bytes
 from serve_app.engine import Hits
 from serve_app.vectors import to_api_distance
 
-EMPTY_METADATA = orjson.Fragment(b"{}")
-
 # Every literal of the layout in one buffer; each is addressed by (offset, length).
 _LITERALS = [
     b"[",
@@ -34,7 +33,7 @@ _LITERALS = [
     b',"distance":',
     b',"metadata":',
     b"}",
-    b"{}",
+    b"null",
 ]
 _LIT_BUF = b"".join(_LITERALS)
 _LIT_AT = np.cumsum([0] + [len(s) for s in _LITERALS])[:-1]
@@ -76,7 +75,7 @@ def shape_results(
             row_m = meta[q]
             for j in range(n):
                 m = row_m[j]
-                entries[j]["metadata"] = EMPTY_METADATA if m is None else orjson.Fragment(m)
+                entries[j]["metadata"] = None if m is None else orjson.Fragment(m)
         out.append(entries)
     return out
 
@@ -111,11 +110,11 @@ def results_json(
         columns += [_literal(DISTANCE, len(id_at)), (at + base, lens)]
         base += len(buf)
     if meta is not None:
-        buf, lens = pack_strings(meta[keep].tolist())  # stored JSON; -1: none, written {}
+        buf, lens = pack_strings(meta[keep].tolist())  # stored JSON; -1: none, written null
         none = lens < 0
         at = np.where(none, lit_at[NO_METADATA], np.cumsum(np.maximum(lens, 0)) - lens + base)
         sources.append(buf)
-        columns += [_literal(METADATA, len(id_at)), (at, np.where(none, 2, lens))]
+        columns += [_literal(METADATA, len(id_at)), (at, np.where(none, len(b"null"), lens))]
     columns.append(_literal(ENTRY_CLOSE, len(id_at)))
 
     # Piece order: per row "[", its entries ("," between them), then "]," ("]" after the last).

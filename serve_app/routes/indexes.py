@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from actors.control import new_index_id
 from actors.crypto import derive_keys, new_salt, parse_index_key
 from actors.errors import InvalidRequest
+from actors.partition import default_pq_dim
 from actors.training import TrainParams
 from actors.types import IndexConfig, IndexMeta
 from serve_app import text
@@ -15,6 +16,8 @@ from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key,
 from serve_app.models import (
     CreateIndexRequest,
     DescribeResponse,
+    EmbeddingModelsResponse,
+    IndexConfigIn,
     IndexRequest,
     ListIndexesResponse,
     StatusResponse,
@@ -33,32 +36,69 @@ async def list_indexes(request: Request) -> JSON:
     return JSON({"indexes": await engine.call(engine.control.list_indexes.remote())})
 
 
+def resolve_type(
+    body: CreateIndexRequest, cfg_in: IndexConfigIn
+) -> tuple[str, int | None, int | None, int | None]:
+    """(vaultvec index type, pq_dim, pq_bits, sq_bits) of a create request in any client's form.
+
+    CyborgDB's newer names map onto vaultvec's types: ``ivfsq`` is ``ivf`` (scalar quantised,
+    ``sq_bits`` 8 or 16); ``diskivf`` (also what a request with only ``storage_precision``
+    means) is ``ivfflat`` at float32 and half-precision ``ivf`` at float16."""
+    requested = body.index_type or cfg_in.index_type or cfg_in.type
+    precision = body.storage_precision
+    pq_dim, pq_bits, sq_bits = cfg_in.pq_dim or None, cfg_in.pq_bits or None, cfg_in.sq_bits
+    if precision is not None and requested not in (None, "diskivf"):
+        raise InvalidRequest("storage_precision applies only to diskivf indexes")
+    if requested == "diskivf" or precision is not None:
+        if precision not in (None, "float32", "float16"):
+            raise InvalidRequest(
+                f"storage_precision {precision!r} is not supported; use float32 or float16"
+            )
+        requested, sq_bits = ("ivf", 16) if precision == "float16" else ("ivfflat", None)
+    index_type = "ivf" if requested == "ivfsq" else requested or "ivfflat"
+    if index_type != "ivfpq" and (pq_dim or pq_bits):
+        raise InvalidRequest("pq_dim and pq_bits apply only to ivfpq indexes")
+    if sq_bits is not None and (index_type != "ivf" or sq_bits not in (8, 16)):
+        raise InvalidRequest("sq_bits applies only to ivf/ivfsq indexes and must be 8 or 16")
+    if index_type == "ivfpq":
+        pq_bits = pq_bits or 8
+    return index_type, pq_dim, pq_bits, sq_bits
+
+
+def refuse_unsupported(body: CreateIndexRequest) -> None:
+    """CyborgDB features vaultvec does not offer: a clear 422, never silently ignored."""
+    if body.kms_name:
+        raise InvalidRequest("KMS-backed index keys are not supported: send index_key")
+    full_text = [
+        name
+        for name, policy in (body.metadata_schema or {}).items()
+        if isinstance(policy, dict) and policy.get("full_text")
+    ]
+    if body.text_fields or full_text:
+        raise InvalidRequest("full-text (BM25) fields are not supported (text_fields, full_text)")
+
+
 @router.post("/create", response_model=StatusResponse, responses=CONFLICT)
 async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     engine, settings = engine_of(request), settings_of(request)
     key = parse_index_key(body.index_key)
-    cfg_in = body.index_config
-    index_type = (cfg_in.type if cfg_in else None) or "ivfflat"
-    metric = body.metric or (cfg_in.metric if cfg_in else None)
-    dimension = cfg_in.dimension if cfg_in else None
+    refuse_unsupported(body)
+    cfg_in = body.index_config or IndexConfigIn.model_validate({})
+    index_type, pq_dim, pq_bits, sq_bits = resolve_type(body, cfg_in)
+    metric = body.metric or cfg_in.metric
+    dimension = body.dimension or cfg_in.dimension
     model = body.embedding_model or None
     if model:  # the model fixes the dimension; such indexes default to cosine
         model_dim = await text.model_dimension(embedder_of(request), model)
         if dimension is not None and dimension != model_dim:
             raise InvalidRequest(
-                f"index_config.dimension {dimension} conflicts with embedding_model {model!r}, "
+                f"dimension {dimension} conflicts with embedding_model {model!r}, "
                 f"which produces {model_dim}-dimensional vectors"
             )
         dimension = model_dim
     metric = metric or ("cosine" if model else "euclidean")
-    pq_dim = cfg_in.pq_dim if cfg_in else None
-    pq_bits = cfg_in.pq_bits if cfg_in else None
-    if index_type != "ivfpq" and (pq_dim or pq_bits):
-        raise InvalidRequest("pq_dim and pq_bits apply only to ivfpq indexes")
-    if index_type == "ivfpq":
-        pq_bits = pq_bits or 8
-        if pq_dim is not None and dimension is not None and dimension % pq_dim:
-            raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
+    if pq_dim is not None and dimension is not None and dimension % pq_dim:
+        raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
     salt = new_salt()
     keys = derive_keys(key, body.index_name, salt)
     meta = IndexMeta(body.index_name, new_index_id(), salt, keys.verifier)
@@ -71,8 +111,10 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         dimension=dimension,
         pq_dim=pq_dim,
         pq_bits=pq_bits,
+        sq_bits=sq_bits,
         embedding_model=model,
         recall_target=settings.recall_target,
+        n_lists_requested=body.n_lists or cfg_in.n_lists or None,
     )
     await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg))
     engine.forget(body.index_name)
@@ -85,20 +127,27 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
     cv = await engine.view(body.index_name, body.index_key)
     num, cv = await engine.count(cv)
     cfg = cv.config
-    index_config = {
-        "type": cfg.index_type,
-        "dimension": cfg.dimension,
-        "metric": cfg.metric,
-        "n_lists": cfg.n_lists,
-    }
-    if cfg.index_type == "ivfpq":
-        index_config.update(pq_dim=cfg.pq_dim, pq_bits=cfg.pq_bits)
+    # As CyborgDB answers: every field an int (0 = unknown or unused) in both places.
+    dimension = cfg.dimension or 0
+    n_lists = cfg.n_lists if cfg.is_trained else cfg.n_lists_requested or 1
+    ivfpq = cfg.index_type == "ivfpq"
     return JSON(
         {
             "index_name": cfg.name,
             "index_type": cfg.index_type,
             "is_trained": cfg.is_trained,
-            "index_config": index_config,
+            "dimension": dimension,
+            "metric": cfg.metric,
+            "n_lists": n_lists,
+            "index_config": {
+                "index_type": cfg.index_type,
+                "type": cfg.index_type,
+                "dimension": dimension,
+                "metric": cfg.metric,
+                "n_lists": n_lists,
+                "pq_dim": (cfg.pq_dim or default_pq_dim(dimension)) if ivfpq and dimension else 0,
+                "pq_bits": (cfg.pq_bits or 8) if ivfpq else 0,
+            },
             "embedding_model": cfg.embedding_model,
             "num_vectors": num,
         }
@@ -135,3 +184,16 @@ async def train_index(body: TrainRequest, request: Request) -> JSON:
 async def training_status(request: Request) -> JSON:
     engine = engine_of(request)
     return JSON(await engine.call(engine.control.training_status.remote()))
+
+
+# GET /v1/embedding-models: outside /indexes, as CyborgDB serves it.
+models_router = APIRouter(
+    route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+)
+
+
+@models_router.get("/embedding-models", response_model=EmbeddingModelsResponse)
+async def embedding_models(request: Request) -> JSON:
+    """The models ``embedding_model`` accepts on create: name, dimension, max_seq_length."""
+    embedder = embedder_of(request)
+    return JSON({"models": [] if embedder is None else await embedder.models.remote()})

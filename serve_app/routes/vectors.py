@@ -1,12 +1,16 @@
-"""/v1/vectors/*: upsert, query, get, delete, list_ids, num_vectors."""
+"""/v1/vectors/*: upsert, query, get, delete, list_ids, num_vectors, query_metadata."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from actors.errors import InvalidRequest
+from actors.filters import parse_filter
 from serve_app import service, text
 from serve_app.engine import CachedView, Engine
 from serve_app.errors_doc import ERRORS
@@ -19,12 +23,13 @@ from serve_app.models import (
     IndexRequest,
     ListIdsResponse,
     NumVectorsResponse,
+    QueryMetadataRequest,
+    QueryMetadataResponse,
     QueryRequest,
     QueryResponse,
     UpsertRequest,
     UpsertResponse,
 )
-from serve_app.results import results_json
 from serve_app.vectors import as_matrix
 
 router = APIRouter(
@@ -53,7 +58,6 @@ async def query(body: QueryRequest, request: Request) -> Response:
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
     top_k = service.resolve_top_k(body.top_k, settings_of(request).max_top_k)
-    include = body.include if body.include is not None else service.DEFAULT_QUERY_INCLUDE
     if body.query_contents is not None:  # text query: one embedding, flat results
         cv = await engine.view(body.index_name, body.index_key)
         model = text.index_model(cv.config, "query_contents")
@@ -62,41 +66,41 @@ async def query(body: QueryRequest, request: Request) -> Response:
     else:
         x, single = as_matrix(body.query_vectors, "query_vectors")
         cv = await engine.view(body.index_name, body.index_key)
-    with_metadata = "metadata" in include
-    hits = await service.search(
-        engine, cv, x, top_k, body.n_probes, body.filters, body.greedy, with_metadata
+    answer = await service.query_json(
+        engine, cv, x, single, top_k, body.n_probes, body.filters, body.greedy, body.include
     )
-    body_json = results_json(hits, cv.config.metric, "distance" in include, with_metadata, single)
-    return Response(body_json, media_type="application/json")
+    return Response(answer, media_type="application/json")
 
 
 @router.post("/get", response_model=GetResponse)
 async def get(body: GetRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    service.unique_ids(body.ids)
-    cfg = cv.config
-    if body.include is None:
-        include = {"contents", "metadata"} | ({"vector"} if cfg.index_type == "ivfflat" else set())
-    else:
-        include = set(body.include)
-        if "vector" in include and cfg.index_type != "ivfflat":
-            raise InvalidRequest(
-                f"{cfg.index_type} indexes do not keep original vectors; drop 'vector' from include"
-            )
-    found = await engine.fetch(
-        cv, body.ids, "vector" in include, "metadata" in include, "contents" in include
-    )
-    return JSON({"results": [found[i] for i in body.ids if i in found]})
+    return JSON({"results": await fetch(engine, cv, body.ids, body.include)})
+
+
+async def fetch(
+    engine: Engine, cv: CachedView, ids: list[str], include: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """The stored items of ``ids`` (each once, unknown ones left out) in the order asked."""
+    ids = service.distinct(ids)
+    if not ids:
+        return []
+    if any(not i for i in ids):
+        raise InvalidRequest("ids contains an empty id")
+    fields = service.get_fields(include, cv.config)
+    found = await engine.fetch(cv, ids, fields.vector, fields.metadata, fields.contents)
+    return [found[i] for i in ids if i in found]
 
 
 @router.post("/delete", response_model=DeleteResponse)
 async def delete(body: DeleteRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    service.unique_ids(body.ids)
-    counts = await engine.by_shard(cv, body.ids, "delete")
-    n = int(sum(counts))
+    ids = service.distinct(body.ids)
+    if any(not i for i in ids):
+        raise InvalidRequest("ids contains an empty id")
+    n = int(sum(await engine.by_shard(cv, ids, "delete"))) if ids else 0
     return JSON({"status": "success", "message": f"Deleted {n} vectors", "deleted_count": n})
 
 
@@ -114,4 +118,22 @@ async def num_vectors(body: IndexRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
     num, _ = await engine.count(cv)
-    return JSON({"result": num})
+    return JSON({"status": "success", "message": f"The index holds {num} vectors", "result": num})
+
+
+@router.post("/query_metadata", response_model=QueryMetadataResponse)
+async def query_metadata(body: QueryMetadataRequest, request: Request) -> JSON:
+    """Metadata-only search: the ids of the items the filter matches (no vector, no ranking),
+    at most ``top_k``, with the fields of ``include`` as /v1/vectors/get returns them."""
+    if body.order_by is not None or body.text:
+        raise InvalidRequest("query_metadata supports filters, top_k and include only")
+    engine: Engine = engine_of(request)
+    cv = await engine.view(body.index_name, body.index_key)
+    node = parse_filter(body.filters or None)
+    parts = await engine.all_shards(cv, "match_ids", node, body.top_k)
+    ids = [i for part in parts for i in part][: body.top_k]
+    if body.include:
+        results = await fetch(engine, cv, ids, body.include)
+    else:
+        results = [{"id": i} for i in ids]
+    return JSON({"results": results, "ids": ids, "count": len(ids)})

@@ -12,7 +12,9 @@ from tests.integration.support import (
     assert_ascending,
     brute_force,
     create_index,
+    error,
     ids_of,
+    ok,
 )
 from tests.unit.filter_oracle import matches  # the one reference evaluator of the filter language
 
@@ -134,10 +136,37 @@ def test_filter_matches_oracle(dataset, flt):
     )
     assert ids_of(results) == [ids[expected[i]] for i in order[0]]
     for r in results:
-        assert r["metadata"] == (metadata[int(r["id"][1:])] or {})
+        assert r["metadata"] == metadata[int(r["id"][1:])]
     # A small top_k keeps the nearest matches.
     top = idx.query(query_vectors=query, top_k=7, filters=flt, include=[])
     assert ids_of(top) == [ids[expected[i]] for i in order[0][:7]]
+
+
+@pytest.mark.parametrize("flt", FILTERS[::3], ids=[str(f) for f in FILTERS[::3]])
+def test_query_metadata_returns_every_match(dataset, flt):
+    """Metadata-only search (CyborgDB 0.18's query_metadata): the ids the filter matches,
+    capped by top_k, with get's fields when include asks for them."""
+    idx, _, metadata, ids = dataset
+    expected = {ids[j] for j in range(N) if matches(metadata[j], flt)}
+    body = ok(idx.post("vectors/query_metadata", filters=flt, top_k=None))
+    assert sorted(body["ids"]) == sorted(expected) and body["count"] == len(expected)
+    assert body["results"] == [{"id": i} for i in body["ids"]]
+    capped = ok(idx.post("vectors/query_metadata", filters=flt, top_k=3, include=["metadata"]))
+    assert capped["count"] == min(3, len(expected)) and set(capped["ids"]) <= expected
+    for r in capped["results"]:
+        assert r == {"id": r["id"], "metadata": metadata[int(r["id"][1:])]}
+
+
+def test_query_metadata_refuses_what_it_cannot_do(dataset):
+    idx = dataset[0]
+    for extra in ({"order_by": "n"}, {"text": "alpha"}):
+        assert "query_metadata" in error(idx.post("vectors/query_metadata", **extra), 422)["detail"]
+    assert (
+        "$regex"
+        in error(idx.post("vectors/query_metadata", filters={"name": {"$regex": "a"}}), 422)[
+            "detail"
+        ]
+    )
 
 
 def test_filter_applies_to_every_query_of_a_batch(dataset):

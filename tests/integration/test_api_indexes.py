@@ -80,20 +80,27 @@ def test_create_list_describe_delete_lifecycle(http):
 
         ident = {"index_name": name, "index_key": key}
         desc = ok(http.post("/v1/indexes/describe", json=ident))
+        # CyborgDB's shape: its SDKs read index_config["index_type"] (0.11-0.16) and the
+        # top-level dimension/metric/n_lists (0.17+), all ints, 0 for unknown or unused.
         assert desc == {
             "index_name": name,
             "index_type": "ivfflat",
             "is_trained": False,
+            "dimension": 8,
+            "metric": "cosine",
+            "n_lists": 1,
             "index_config": {
+                "index_type": "ivfflat",
                 "type": "ivfflat",
                 "dimension": 8,
                 "metric": "cosine",
-                "n_lists": desc["index_config"]["n_lists"],
+                "n_lists": 1,
+                "pq_dim": 0,
+                "pq_bits": 0,
             },
             "embedding_model": None,
             "num_vectors": 0,
         }
-        assert isinstance(desc["index_config"]["n_lists"], int)
 
         items = [{"id": f"v{i}", "vector": [float(i + 1)] * 8} for i in range(5)]
         ok(http.post("/v1/vectors/upsert", json={**ident, "items": items}))
@@ -116,7 +123,11 @@ def test_create_list_describe_delete_lifecycle(http):
         ok(http.post("/v1/indexes/create", json={"index_name": name, "index_key": key2}))
         key = key2
         ident = {"index_name": name, "index_key": key2}
-        assert ok(http.post("/v1/vectors/num_vectors", json=ident)) == {"result": 0}
+        assert ok(http.post("/v1/vectors/num_vectors", json=ident)) == {
+            "status": "success",
+            "message": "The index holds 0 vectors",
+            "result": 0,
+        }
         error(
             http.post("/v1/indexes/describe", json={**ident, "index_key": body["index_key"]}), 401
         )
@@ -139,7 +150,7 @@ def test_create_with_explicit_nulls_uses_defaults(http):
         assert desc["index_type"] == "ivfflat"
         assert desc["index_config"]["type"] == "ivfflat"
         assert desc["index_config"]["metric"] == "euclidean"
-        assert desc["index_config"]["dimension"] is None
+        assert desc["index_config"]["dimension"] == 0 and desc["dimension"] == 0
         assert desc["is_trained"] is False and desc["num_vectors"] == 0
         # The first upsert fixes the dimension.
         item = {"id": "a", "vector": [1.0, 2.0, 3.0, 4.0, 5.0]}
@@ -176,7 +187,7 @@ def test_describe_reports_each_index_type(make_index, index_type):
     if index_type == "ivfpq":
         assert cfg["pq_dim"] == 4 and cfg["pq_bits"] == 6
     else:
-        assert cfg.get("pq_dim") is None and cfg.get("pq_bits") is None
+        assert cfg["pq_dim"] == 0 and cfg["pq_bits"] == 0  # unused, as CyborgDB answers
 
 
 def test_metric_may_be_given_inside_index_config(http):
@@ -198,7 +209,7 @@ def test_metric_may_be_given_inside_index_config(http):
     "config",
     [
         {"type": "ivfpq", "dimension": 10, "pq_dim": 3},  # pq_dim must divide the dimension
-        {"type": "ivfpq", "dimension": 8, "pq_dim": 2, "pq_bits": 0},
+        {"type": "ivfpq", "dimension": 8, "pq_dim": 2, "pq_bits": -1},
         {"type": "ivfpq", "dimension": 8, "pq_dim": 2, "pq_bits": 17},
         {"type": "hnsw", "dimension": 8},
         {"type": "ivfflat", "dimension": 0},
@@ -259,10 +270,75 @@ def test_pq_dim_checked_against_dimension_fixed_by_first_upsert(make_index):
 
 
 def test_training_status_shape(http):
+    """Every field CyborgDB's SDK response models require, with their types."""
     body = ok(http.get("/v1/indexes/training-status"))
-    assert set(body) == {"training_indexes", "retrain_threshold"}
-    assert isinstance(body["training_indexes"], list)
-    assert body["retrain_threshold"] == AUTO_TRAIN_THRESHOLD
+    assert body == {
+        "training_indexes": [],
+        "retrain_threshold": AUTO_TRAIN_THRESHOLD,
+        "worker_pid": body["worker_pid"],
+        "global_training": {},
+        "currently_training": None,
+        "queued_indexes": [],
+        "worker_running": False,
+    }
+    assert isinstance(body["worker_pid"], int) and body["worker_pid"] > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "index_type", "pq_dim", "pq_bits"),
+    [
+        # 0.9-era form: n_lists and metric inside index_config
+        ({"index_config": {"type": "ivfflat", "dimension": 8, "n_lists": 3}}, "ivfflat", 0, 0),
+        ({"index_config": {"index_type": "ivfpq", "pq_dim": 4, "pq_bits": 8}}, "ivfpq", 4, 8),
+        ({"index_config": {"type": "ivfsq", "sq_bits": 16}}, "ivf", 0, 0),
+        # 0.17+: top-level fields, CyborgDB's DiskIVF and its storage precision
+        ({"dimension": 8, "index_type": "diskivf"}, "ivfflat", 0, 0),
+        ({"dimension": 8, "storage_precision": "float16"}, "ivf", 0, 0),
+        ({"dimension": 8, "storage_precision": "float32", "n_lists": 3}, "ivfflat", 0, 0),
+    ],
+)
+def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_bits):
+    name, key = unique_name(), random_key()
+    ok(http.post("/v1/indexes/create", json={"index_name": name, "index_key": key, **body}))
+    ident = {"index_name": name, "index_key": key}
+    try:
+        x = np.random.default_rng(1).normal(size=(300, 8)).astype(np.float32)
+        items = [{"id": f"v{i}", "vector": row} for i, row in enumerate(x.tolist())]
+        ok(http.post("/v1/vectors/upsert", json={**ident, "items": items}))
+        desc = ok(http.post("/v1/indexes/describe", json=ident))
+        assert desc["index_type"] == desc["index_config"]["index_type"] == index_type
+        assert (desc["index_config"]["pq_dim"], desc["index_config"]["pq_bits"]) == (
+            pq_dim,
+            pq_bits,
+        )
+        ok(http.post("/v1/indexes/train", json=ident))
+        desc = ok(http.post("/v1/indexes/describe", json=ident))
+        if (body.get("index_config") or body).get("n_lists") == 3:  # honoured, not dropped
+            assert desc["n_lists"] == desc["index_config"]["n_lists"] == 3
+        query = {**ident, "query_vectors": items[7]["vector"], "top_k": 3, "greedy": True}
+        hits = ok(http.post("/v1/vectors/query", json=query))["results"]
+        assert "v7" in [h["id"] for h in hits]  # quantised types: among the nearest
+    finally:
+        http.post("/v1/indexes/delete", json=ident)
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"dimension": 8, "storage_precision": "tq4"}, "storage_precision"),
+        ({"dimension": 8, "kms_name": "aws"}, "KMS"),
+        ({"dimension": 8, "text_fields": ["body"]}, "full-text"),
+        ({"dimension": 8, "metadata_schema": {"body": {"full_text": True}}}, "full-text"),
+        ({"index_config": {"type": "ivfflat", "sq_bits": 16}}, "sq_bits"),
+    ],
+)
+def test_unsupported_cyborgdb_features_are_named_422s(http, body, named):
+    name = unique_name()
+    r = http.post(
+        "/v1/indexes/create", json={"index_name": name, "index_key": random_key(), **body}
+    )
+    assert named in error(r, 422)["detail"]
+    assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
 
 
 def _files(root: Path) -> tuple[set[Path], set[Path]]:

@@ -167,6 +167,14 @@ def test_create_with_model_fixes_dimension_and_defaults_to_cosine(text_index):
     assert d2["index_config"]["metric"] == "euclidean" and d2["embedding_model"] == DEFAULT_MODEL
 
 
+def test_embedding_models_are_listed_and_named_as_cyborgdb_names_them(http, text_index):
+    listed = ok(http.get("/v1/embedding-models"))["models"]
+    assert {"name": DEFAULT_MODEL, "dimension": 384, "max_seq_length": 256} in listed
+    # The organisation prefix and any case are accepted, as CyborgDB accepts them.
+    d = text_index(embedding_model="sentence-transformers/ALL-MiniLM-L6-v2").describe()
+    assert d["dimension"] == 384 and d["metric"] == "cosine"
+
+
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
@@ -217,7 +225,7 @@ def test_text_query_honours_filters_top_k_and_include(text_index):
     res = idx.query(query_contents="which pet hunts mice", top_k=5, include=["distance"])
     assert len(res) == 5 and res[0]["id"] == "cat" and set(res[0]) == {"id", "distance"}
     res = idx.query(query_contents="which pet hunts mice", top_k=1, include=[])
-    assert res == [{"id": "cat"}]
+    assert [set(r) for r in res] == [{"id", "distance"}] and res[0]["id"] == "cat"
     res = idx.query(query_contents="money", filters={"n": {"$gte": 15}}, top_k=100)
     assert sorted(ids_of(res)) == sorted(i for j, i in enumerate(CORPUS) if j >= 15)
 

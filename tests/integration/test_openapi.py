@@ -22,8 +22,12 @@ ROUTES = {
     ("post", "/v1/vectors/delete"): ("DeleteRequest", "DeleteResponse"),
     ("post", "/v1/vectors/list_ids"): ("IndexRequest", "ListIdsResponse"),
     ("post", "/v1/vectors/num_vectors"): ("IndexRequest", "NumVectorsResponse"),
-    ("post", "/v1/vectors/query_binary"): ("BinaryQueryRequest", "BinaryQueryResponse"),
+    ("post", "/v1/vectors/query_metadata"): ("QueryMetadataRequest", "QueryMetadataResponse"),
+    ("post", "/v1/vectors/query_binary"): ("BinaryQueryRequest", "QueryResponse"),
     ("post", "/v1/vectors/upsert_binary"): ("BinaryUpsertRequest", "UpsertResponse"),
+    ("post", "/v1/vectors/query_arrays"): ("ArraysQueryRequest", "ArraysQueryResponse"),
+    ("post", "/v1/vectors/upsert_arrays"): ("ArraysUpsertRequest", "UpsertResponse"),
+    ("get", "/v1/embedding-models"): (None, "EmbeddingModelsResponse"),
 }
 
 

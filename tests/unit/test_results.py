@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from actors.strings import StringBlock
 from serve_app.engine import Hits
-from serve_app.results import EMPTY_METADATA, results_json, shape_results
+from serve_app.results import results_json, shape_results
 
 # Ids with and without characters that JSON escapes (the latter take orjson's path).
 PLAIN_ID = st.text(alphabet=st.sampled_from("ab7-_:/ é中😀"), min_size=1, max_size=8)
@@ -94,13 +94,12 @@ def test_entries_carry_the_metric_distance_and_stored_metadata() -> None:
     assert body == {
         "results": [
             {"id": "p", "distance": 2.0, "metadata": {"a": [1, "x"]}},
-            {"id": "q", "distance": 3.0, "metadata": {}},
+            {"id": "q", "distance": 3.0, "metadata": None},
         ]
     }
     assert orjson.loads(results_json(h, "squared_euclidean", True, False, single=False)) == {
         "results": [[{"id": "p", "distance": 4.0}, {"id": "q", "distance": 9.0}]]
     }
-    assert orjson.dumps(EMPTY_METADATA) == b"{}"
 
 
 def test_distances_keep_every_bit_of_float32() -> None:

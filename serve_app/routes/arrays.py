@@ -1,0 +1,112 @@
+"""The batch routes with base64 float32 matrices.
+
+- ``/v1/vectors/upsert_binary`` and ``/v1/vectors/query_binary``: CyborgDB's form (its newer
+  SDKs send every numpy input there): ``batch: {ids, vectors_b64, dimension, ...}``, answered
+  as the JSON routes answer.
+- ``/v1/vectors/upsert_arrays`` and ``/v1/vectors/query_arrays``: vaultvec's compact form for
+  its own client and bulk driver: ``[rows, dimension]`` shapes in, and query results as a
+  counts array, flat ids and a base64 distance matrix.
+
+Everything after decoding is serve_app.service's (through serve_app.arrays), so the semantics,
+defaults and errors are those of /v1/vectors/query and /v1/vectors/upsert.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from serve_app import arrays, service
+from serve_app.errors_doc import ERRORS
+from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
+from serve_app.models import (
+    ArraysQueryRequest,
+    ArraysQueryResponse,
+    ArraysUpsertRequest,
+    BinaryQueryRequest,
+    BinaryUpsertRequest,
+    QueryResponse,
+    UpsertResponse,
+)
+
+router = APIRouter(
+    prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+)
+
+
+def upserted(n: int) -> JSON:
+    return JSON({"status": "success", "message": f"Upserted {n} vectors", "upserted_count": n})
+
+
+@router.post("/upsert_binary", response_model=UpsertResponse)
+async def upsert_binary(body: BinaryUpsertRequest, request: Request) -> JSON:
+    """Upsert; ``batch.vectors_b64`` is base64 of an (n, dimension) little-endian float32
+    matrix, one row per id. Empty contents ("") mean none, as CyborgDB's clients send them."""
+    b = body.batch
+    x = arrays.decode_rows(b.vectors_b64, len(b.ids), b.dimension, "batch.vectors_b64")
+    contents = None if b.contents is None else [c or None for c in b.contents]
+    n = await arrays.upsert(
+        engine_of(request), body.index_name, body.index_key, b.ids, x, b.metadata, contents
+    )
+    return upserted(n)
+
+
+@router.post("/query_binary", response_model=QueryResponse)
+async def query_binary(body: BinaryQueryRequest, request: Request) -> Response:
+    """Batch query; ``batch.vectors_b64`` is base64 of an (nq, dimension) little-endian float32
+    matrix. The answer is /v1/vectors/query's for a list of vectors: a result list per row."""
+    engine = engine_of(request)
+    x = arrays.decode_rows(body.batch.vectors_b64, None, body.batch.dimension, "batch.vectors_b64")
+    top_k = service.resolve_top_k(body.top_k, settings_of(request).max_top_k)
+    cv = await engine.view(body.index_name, body.index_key)
+    answer = await service.query_json(
+        engine, cv, x, False, top_k, body.n_probes, body.filters, body.greedy, body.include
+    )
+    return Response(answer, media_type="application/json")
+
+
+@router.post("/query_arrays", response_model=ArraysQueryResponse)
+async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
+    """Batch query; ``query_vectors`` is base64 of a (nq, d) little-endian float32 matrix."""
+    x = arrays.decode_matrix(body.query_vectors, body.shape, "query_vectors")
+    hits = await arrays.query(
+        engine_of(request),
+        settings_of(request).max_top_k,
+        body.index_name,
+        body.index_key,
+        x,
+        body.top_k,
+        body.n_probes,
+        body.filters,
+        body.greedy,
+        body.include,
+    )
+    ids, metadata = arrays.flat_results(hits)
+    out = {
+        "nq": len(hits.counts),
+        "top_k": hits.ids.shape[1],
+        "counts": hits.counts,
+        "ids": orjson.Fragment(ids),
+    }
+    if hits.distances is not None:
+        out["distances"] = arrays.encode_matrix(hits.distances)
+    if metadata is not None:
+        out["metadata"] = metadata
+    return JSON(out)
+
+
+@router.post("/upsert_arrays", response_model=UpsertResponse)
+async def upsert_arrays(body: ArraysUpsertRequest, request: Request) -> JSON:
+    """Upsert; ``vectors`` is base64 of a (n, d) little-endian float32 matrix, one row per id."""
+    x = arrays.decode_matrix(body.vectors, body.shape, "vectors")
+    n = await arrays.upsert(
+        engine_of(request),
+        body.index_name,
+        body.index_key,
+        body.ids,
+        x,
+        body.metadata,
+        body.contents,
+    )
+    return upserted(n)
