@@ -1,39 +1,53 @@
 """Reference evaluator for metadata filters: plain per-document recursion, no numpy.
 
 Written independently of ``actors.filters``: it interprets the raw filter object (not the
-parsed tree) against one metadata document, walking the document along the dotted path.
-Only valid filters are expected here (the parser's error handling is tested separately).
+parsed tree) against one metadata document, walking the document along the dotted path the way
+MongoDB's matcher does (``src/mongo/db/matcher/path.cpp``): a list on the way down is entered
+element by element, object elements continue the walk, other elements are skipped; an object
+that lacks the next key, or a scalar where an object is needed, yields "missing" for that
+branch. Only valid filters are expected here (the parser's error handling is tested separately).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
+_MISSING = object()  # a branch of the walk that stopped short of the end of the path
 
-def _lookup(doc: Any, segments: list[str]) -> tuple[bool, list[Any]]:
-    """(path exists, leaf values). Lists of objects are traversed on the way down; at the leaf a
-    list contributes its elements; lists nested in lists contribute nothing."""
-    holders = [doc]
-    for i, seg in enumerate(segments):
-        found = [h[seg] for h in holders if isinstance(h, dict) and seg in h]
-        if not found:
-            return False, []
-        if i == len(segments) - 1:
-            leaves: list[Any] = []
-            for v in found:
-                if isinstance(v, list):
-                    leaves.extend(e for e in v if not isinstance(e, (list, dict)))
-                elif not isinstance(v, dict):
-                    leaves.append(v)
-            return True, leaves
-        holders = []
-        for v in found:
-            if isinstance(v, dict):
-                holders.append(v)
-            elif isinstance(v, list):
-                holders.extend(e for e in v if isinstance(e, dict))
-    raise AssertionError("unreachable")
+
+def _reach(holder: dict[str, Any], segments: list[str]) -> Iterator[Any]:
+    """What the path yields from one object: the value found at its end, or ``_MISSING``."""
+    seg, rest = segments[0], segments[1:]
+    if seg not in holder:
+        yield _MISSING
+        return
+    value = holder[seg]
+    if not rest:
+        yield value
+    elif isinstance(value, dict):
+        yield from _reach(value, rest)
+    elif isinstance(value, list):
+        for element in value:
+            if isinstance(element, dict):  # scalars and nested lists are skipped
+                yield from _reach(element, rest)
+    else:
+        yield _MISSING
+
+
+def _lookup(doc: dict[str, Any], path: str) -> tuple[bool, bool, list[Any]]:
+    """(path exists, some branch yields missing, leaf values). At the end of the path a list
+    contributes its elements; lists nested in lists and objects contribute nothing."""
+    found = list(_reach(doc, path.split(".")))
+    ends = [v for v in found if v is not _MISSING]
+    leaves: list[Any] = []
+    for v in ends:
+        if isinstance(v, list):
+            leaves.extend(e for e in v if not isinstance(e, (list, dict)))
+        elif not isinstance(v, dict):
+            leaves.append(v)
+    return bool(ends), len(ends) < len(found), leaves
 
 
 def _kind(v: Any) -> str | None:
@@ -61,22 +75,25 @@ def _less(a: Any, b: Any) -> bool | None:
     return None
 
 
-def _eq_matches(present: bool, leaves: list[Any], operand: Any) -> bool:
+def _eq_matches(doc: dict[str, Any], path: str, operand: Any) -> bool:
+    present, missing, leaves = _lookup(doc, path)
     if operand is None:
-        return not present or any(v is None for v in leaves)
+        return not present or missing or any(v is None for v in leaves)
     return any(_equal(v, operand) for v in leaves)
 
 
 def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any) -> bool:
-    present, leaves = _lookup(doc, path.split("."))
+    if op == "$not":
+        return not _cond_matches(doc, path, operand)
     if op == "$eq":
-        return _eq_matches(present, leaves, operand)
+        return _eq_matches(doc, path, operand)
     if op == "$ne":
-        return not _eq_matches(present, leaves, operand)
+        return not _eq_matches(doc, path, operand)
     if op == "$in":
-        return any(_eq_matches(present, leaves, x) for x in operand)
+        return any(_eq_matches(doc, path, x) for x in operand)
     if op == "$nin":
-        return not any(_eq_matches(present, leaves, x) for x in operand)
+        return not any(_eq_matches(doc, path, x) for x in operand)
+    present, _, leaves = _lookup(doc, path)
     if op == "$exists":
         return present == operand
     for v in leaves:
@@ -95,6 +112,11 @@ def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any) -> bool:
     return False
 
 
+def _cond_matches(doc: dict[str, Any], path: str, cond: dict[str, Any]) -> bool:
+    """An operator object (``{"$gt": 1, "$lt": 5}``) on one path: all operators hold."""
+    return all(_op_matches(doc, path, op, operand) for op, operand in cond.items())
+
+
 def matches(doc: dict[str, Any] | None, flt: dict[str, Any] | None) -> bool:
     """Does metadata ``doc`` (None = {}) satisfy the raw filter object ``flt``?"""
     doc = doc or {}
@@ -103,10 +125,12 @@ def matches(doc: dict[str, Any] | None, flt: dict[str, Any] | None) -> bool:
             ok = all(matches(doc, sub) for sub in val)
         elif key == "$or":
             ok = any(matches(doc, sub) for sub in val)
+        elif key == "$nor":
+            ok = not any(matches(doc, sub) for sub in val)
         elif isinstance(val, dict):
-            ok = all(_op_matches(doc, key, op, operand) for op, operand in val.items())
+            ok = _cond_matches(doc, key, val)
         else:
-            ok = _op_matches(doc, key, "$eq", val)
+            ok = _eq_matches(doc, key, val)
         if not ok:
             return False
     return True

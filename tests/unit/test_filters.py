@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.errors import InvalidRequest
-from actors.filters import And, Cmp, Exists, MetadataColumns, Or, parse_filter
+from actors.filters import And, Cmp, Exists, MetadataColumns, Not, Or, parse_filter
 from tests.unit.filter_oracle import matches
 
 
@@ -48,12 +48,49 @@ def test_parse_tree_shapes() -> None:
     assert isinstance(node, Cmp) and isinstance(node.value, tuple)
 
 
+def test_parse_not_and_nor() -> None:
+    assert parse_filter({"a": {"$not": {"$gt": 5}}}) == Not(Cmp("a", "gt", 5))
+    assert parse_filter({"a": {"$not": {"$gt": 1, "$lt": 5}}}) == Not(
+        And((Cmp("a", "gt", 1), Cmp("a", "lt", 5)))
+    )
+    assert parse_filter({"a": {"$exists": True, "$not": {"$not": {"$eq": None}}}}) == And(
+        (Exists("a", True), Not(Not(Cmp("a", "eq", None))))
+    )
+    assert parse_filter({"$nor": [{"a": 1}, {"b": {"$exists": False}}]}) == Not(
+        Or((Cmp("a", "eq", 1), Exists("b", False)))
+    )
+    assert parse_filter({"$nor": [{"a": 1}], "b": 2}) == And(
+        (Not(Or((Cmp("a", "eq", 1),))), Cmp("b", "eq", 2))
+    )
+
+
 @pytest.mark.parametrize(
     ("flt", "fragment"),
     [
         ([1, 2], "must be an object"),
         ("a", "must be an object"),
-        ({"$not": {"a": 1}}, "unknown operator '$not'"),
+        ({"$not": {"a": 1}}, "unknown operator '$not' at the top level"),
+        ({"$not": {"a": 1}}, "$nor negates whole filters"),
+        ({"$NOR": [{"a": 1}]}, "unknown operator '$NOR'"),
+        ({"$xor": [{"a": 1}]}, "unknown operator '$xor'"),
+        ({"$nor": []}, "$nor needs a non-empty list"),
+        ({"$nor": {"a": 1}}, "$nor needs a non-empty list"),
+        ({"$nor": "a"}, "$nor needs a non-empty list"),
+        ({"$nor": [{"a": 1}, None]}, "$nor[1] must be a filter object, got null"),
+        ({"$nor": [{"a": {"$bad": 1}}]}, "unknown operator '$bad' on 'a'"),
+        ({"a": {"$nor": [{"a": 1}]}}, "unknown operator '$nor' on 'a'"),
+        ({"a": {"$not": 5}}, "$not on 'a' needs an object of operators"),
+        ({"a": {"$not": 5}}, "got int"),
+        ({"a": {"$not": None}}, "$not on 'a' needs an object of operators (such as"),
+        ({"a": {"$not": [{"$gt": 1}]}}, "$not on 'a' needs an object of operators"),
+        ({"a": {"$not": "x"}}, "got str"),
+        ({"a": {"$not": {}}}, "$not on 'a' cannot be empty"),
+        ({"a": {"$not": {"b": 1}}}, "$not on 'a' takes operators only, got the field name 'b'"),
+        ({"a": {"$not": {"$gt": 1, "b": 1}}}, "takes operators only"),
+        ({"a": {"$not": {"$foo": 1}}}, "unknown operator '$foo' on 'a'"),
+        ({"a": {"$not": {"$gt": None}}}, "$gt on 'a' needs a number or string, got null"),
+        ({"a": {"$not": {"$not": {}}}}, "$not on 'a' cannot be empty"),
+        ({"a": {"$not": {"$in": 3}}}, "$in on 'a' needs a list"),
         ({"$and": []}, "$and needs a non-empty list"),
         ({"$or": {"a": 1}}, "$or needs a non-empty list"),
         ({"$or": [1]}, "$or[0] must be a filter object"),
@@ -91,12 +128,22 @@ def test_parse_rejects(flt: Any, fragment: str) -> None:
     assert exc.value.detail.startswith("filter")
 
 
-def test_parse_rejects_deep_nesting() -> None:
+@pytest.mark.parametrize("wrap", ["$and", "$or", "$nor", "$not"])
+def test_parse_rejects_deep_nesting(wrap: str) -> None:
     flt: dict[str, Any] = {"a": 1}
+    cond: dict[str, Any] = {"$gt": 1}
     for _ in range(40):
-        flt = {"$and": [flt]}
+        flt = {wrap: [flt]}
+        cond = {"$not": cond}
+    if wrap == "$not":
+        flt = {"a": cond}
     with pytest.raises(InvalidRequest, match="nested deeper"):
         parse_filter(flt)
+    # far below Python's recursion limit either way
+    shallow: dict[str, Any] = {"a": {"$gt": 1}}
+    for _ in range(30):
+        shallow = {"a": {"$not": shallow["a"]}}
+    assert parse_filter(shallow) is not None
 
 
 # ------------------------------------------------------------------ operators
@@ -161,11 +208,128 @@ def cols() -> MetadataColumns:
         ({"missing": 1}, []),
         ({"missing": {"$ne": 1}}, [0, 1, 2, 3, 4, 5, 6]),
         ({"missing": {"$gt": 0}}, []),
+        # $not: the negated operators, matching where the field is missing too
+        ({"price": {"$not": {"$gt": 5}}}, [1, 2, 3, 4]),
+        ({"price": {"$not": {"$gte": 2.5, "$lte": 10}}}, [2, 3, 4]),
+        ({"price": {"$not": {"$eq": None}}}, [0, 1, 2, 6]),
+        ({"price": {"$not": {"$ne": None}}}, [3, 4, 5]),
+        ({"price": {"$not": {"$in": [10, "10"]}}}, [1, 3, 4, 5]),
+        ({"price": {"$not": {"$nin": [10, "10"]}}}, [0, 2, 6]),
+        ({"price": {"$not": {"$exists": True}}}, [4]),
+        ({"price": {"$not": {"$not": {"$gt": 5}}}}, [0, 5, 6]),
+        ({"price": {"$exists": True, "$not": {"$gt": 5}}}, [1, 2, 3]),
+        ({"tags": {"$not": {"$in": ["red", "yellow"]}}}, [2, 3, 4, 5, 6]),
+        ({"name": {"$not": {"$lt": "b"}}}, [2, 4, 5, 6]),
+        ({"missing": {"$not": {"$gt": 0}}}, [0, 1, 2, 3, 4, 5, 6]),
+        ({"missing": {"$not": {"$exists": False}}}, []),
+        ({"nested.x": {"$not": {"$gte": 3}}}, [0, 1, 2, 3, 4, 5]),
+        # $nor: none of the filters matches (missing fields do not match {"f": value})
+        ({"$nor": [{"price": 10}]}, [1, 2, 3, 4, 5]),
+        ({"$nor": [{"price": 10}, {"name": "apple"}]}, [1, 2, 4, 5]),
+        ({"$nor": [{"ok": True}, {"ok": False}]}, [2, 3, 4, 6]),
+        ({"$nor": [{"price": {"$exists": True}}]}, [4]),
+        ({"$nor": [{"$nor": [{"price": 10}]}]}, [0, 6]),
+        ({"$nor": [{"price": {"$lt": 5}}], "tags": {"$exists": True}}, [0, 2]),
+        ({"$or": [{"$nor": [{"price": {"$exists": True}}]}, {"ok": None}]}, [2, 3, 4, 6]),
     ],
 )
 def test_operators(cols: MetadataColumns, flt: dict[str, Any], expected: list[int]) -> None:
     assert rows(cols, flt) == expected
     assert rows(cols, flt) == [i for i, d in enumerate(DOCS) if matches(d, flt)]
+
+
+# The documents of MongoDB's jstests/core/query/null_query_semantics.js (those without the
+# BSON-only ``undefined``), with the results that test expects from MongoDB.
+MONGO_NULL_DOCS: list[dict[str, Any]] = [
+    {"a": {}},  # 0
+    {"a": None},  # 1
+    {"a": 4},  # 2
+    {"a": {"b": "hi"}},  # 3
+    {"a": {"b": None}},  # 4
+    {},  # 5
+    {"a": [[]]},  # 6
+    {"a": []},  # 7
+    {"a": [{"b": None}, {"b": None}, {}]},  # 8
+    {"a": [{"b": 1}, {"b": 3}, {"b": "string"}]},  # 9
+    {"a": [{"b": None}, {"b": 3}, {"b": None}]},  # 10
+    {"a": [{"b": 3}, {}]},  # 11: the {} branch of "a.b" is missing, so it equals null
+    {"a": [None, None]},  # 12
+    {"a": [1, "string", 4]},  # 13
+    {"a": [1, "string", None, 4]},  # 14
+]
+_ALL = set(range(len(MONGO_NULL_DOCS)))
+_A_NULL = [1, 5, 12, 14]
+_AB_NULL = [0, 1, 2, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"a": None}, _A_NULL),
+        ({"a": {"$eq": None}}, _A_NULL),
+        ({"a": {"$ne": None}}, sorted(_ALL - set(_A_NULL))),
+        ({"a": {"$in": [None, 75]}}, _A_NULL),
+        ({"a": {"$nin": [None, 75]}}, sorted(_ALL - set(_A_NULL))),
+        ({"$or": [{"a": None}, {"a": 75}]}, _A_NULL),
+        ({"a": {"$exists": False}}, [5]),
+        ({"a.b": None}, _AB_NULL),
+        ({"a.b": {"$ne": None}}, [3, 9]),
+        ({"a.b": {"$in": [None, 75]}}, _AB_NULL),
+        ({"a.b": {"$nin": [None, 75]}}, [3, 9]),
+        ({"$or": [{"a.b": None}, {"a.b": 75}]}, _AB_NULL),
+        # and what follows from those with $not / $nor / $exists
+        ({"a": {"$not": {"$eq": None}}}, sorted(_ALL - set(_A_NULL))),
+        ({"a.b": {"$not": {"$eq": None}}}, [3, 9]),
+        ({"a.b": {"$not": {"$ne": None}}}, _AB_NULL),
+        ({"$nor": [{"a.b": None}]}, [3, 9]),
+        ({"a.b": {"$exists": False}}, [0, 1, 2, 5, 6, 7, 12, 13, 14]),
+        ({"a.b": {"$exists": True}}, [3, 4, 8, 9, 10, 11]),
+        ({"a.b": 3}, [9, 10, 11]),
+        ({"a.b": {"$not": {"$gt": 2}}}, [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14]),
+    ],
+)
+def test_null_and_missing_match_mongodb(flt: dict[str, Any], expected: list[int]) -> None:
+    c = store(*MONGO_NULL_DOCS)
+    assert rows(c, flt) == expected
+    assert [i for i, d in enumerate(MONGO_NULL_DOCS) if matches(d, flt)] == expected
+
+
+def test_missing_branches_through_lists_of_objects() -> None:
+    # MongoDB's path walk (matcher/path.cpp): inside a list, an object lacking the next key or
+    # holding a scalar where the path continues yields "missing"; scalar elements are skipped
+    docs: list[dict[str, Any] | None] = [
+        {"a": [{"b": 5}, {"b": {"c": 1}}]},  # 0: b=5 cannot continue to c
+        {"a": [{"b": [5]}, {"b": {"c": 1}}]},  # 1: the list [5] has no objects: skipped
+        {"a": [{"b": []}, {"b": {"c": 1}}]},  # 2: empty list: skipped
+        {"a": [{"b": {}}, {"b": {"c": 1}}]},  # 3: {} lacks c
+        {"a": [{"b": None}, {"b": {"c": 1}}]},  # 4: null cannot continue
+        {"a": {"b": [{"c": 1}, {}]}},  # 5: {} lacks c
+        {"a": {"b": [{"c": 1}, 7]}},  # 6: 7 is skipped
+        {"a": [{"b": {"c": 1}}, {"x": {"c": 2}}]},  # 7: the second object lacks b
+        {"a": [{"b": [{"c": 1}]}, {"b": [{"d": 1}]}]},  # 8: {"d": 1} lacks c
+        {"a": {"b": {"c": 1}}},  # 9
+        {"a": {"b": 5}},  # 10: "a.b.c" missing altogether
+    ]
+    c = store(*docs)
+    assert rows(c, {"a.b.c": None}) == [0, 3, 4, 5, 7, 8, 10]
+    assert rows(c, {"a.b.c": {"$ne": None}}) == [1, 2, 6, 9]
+    assert rows(c, {"a.b.c": {"$exists": True}}) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert rows(c, {"a.b": None}) == [4, 7]
+    assert rows(c, {"a.b.c": {"$not": {"$in": [None, 2]}}}) == [1, 2, 6, 9]
+    for flt in ({"a.b.c": None}, {"a.b": None}, {"a.b.c": {"$exists": True}}):
+        assert rows(c, flt) == [i for i, d in enumerate(docs) if matches(d, flt)]
+
+
+def test_missing_branches_across_appends_and_gaps() -> None:
+    c = MetadataColumns()
+    c.append(np.array([3]), [{"a": [{"b": 1}, {"c": 1}]}])
+    assert rows(c, {"a.b": None}, 5) == [0, 1, 2, 3, 4]
+    assert rows(c, {"a.b": {"$ne": None}}, 5) == []
+    c.append(np.array([1, 6]), [{"a": [{"b": 1}, {"b": 2}]}, {"a": [{"b": 1}, 3]}])
+    assert rows(c, {"a.b": {"$ne": None}}, 7) == [1, 6]
+    c.append(np.array([0]), [{"a": [{"c": 2}, {"b": 2}]}])
+    assert rows(c, {"a.b": {"$ne": None}}, 7) == [1, 6]
+    assert rows(c, {"a.b": 2}, 7) == [0, 1]
 
 
 def test_bool_is_not_a_number() -> None:
@@ -268,6 +432,14 @@ def test_hand_built_trees() -> None:
     c = store({"a": 1}, {"a": 2})
     assert c.evaluate(And(()), 3).tolist() == [True, True, True]
     assert c.evaluate(Or(()), 3).tolist() == [False, False, False]
+    assert c.evaluate(Not(And(())), 3).tolist() == [False, False, False]
+    assert c.evaluate(Not(Cmp("a", "eq", 2)), 3).tolist() == [True, False, True]
+    assert c.evaluate(Not(Not(Cmp("a", "eq", 2))), 3).tolist() == [False, True, False]
+    assert c.evaluate(Not(Or((Cmp("a", "eq", 2), Exists("a", False)))), 3).tolist() == [
+        True,
+        False,
+        False,
+    ]
     assert c.evaluate(None, 3).tolist() == [True, True, True]
     assert c.evaluate(Cmp("a", "in", (2, 7)), 2).tolist() == [False, True]
     with pytest.raises(InvalidRequest):
@@ -329,8 +501,9 @@ def test_append_validation_is_atomic() -> None:
 # ------------------------------------------------------------------ property test
 
 KEYS = ["a", "b", "c"]
-# top-level paths are listed twice so that they are drawn more often
-PATHS = ["a", "a", "b", "b", "c", "a.a", "a.b", "b.c", "c.a", "d"]
+# top-level paths are listed twice so that they are drawn more often; three-segment paths reach
+# through two levels of objects (or lists of objects)
+PATHS = ["a", "a", "b", "b", "c", "a.a", "a.b", "b.c", "c.a", "d", "a.b.c", "b.a.a", "a.a.b"]
 STRINGS = ["", "a", "b", "ab", "B", "é"]
 SCALARS = st.one_of(
     st.integers(-2, 2),
@@ -351,11 +524,23 @@ def _pick(*weighted: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[An
 LIST = st.lists(_pick((5, META_SCALARS), (1, st.lists(SCALARS, max_size=2))), max_size=3)
 FLAT = _pick((3, META_SCALARS), (2, LIST))
 INNER = st.dictionaries(st.sampled_from(KEYS), FLAT, max_size=3)
+# objects one level deeper, and lists mixing objects with scalars: paths walked through lists of
+# objects where some objects lack the key (MongoDB's "missing" branches)
+MIDDLE = st.dictionaries(
+    st.sampled_from(KEYS),
+    _pick((3, FLAT), (2, INNER), (2, st.lists(_pick((3, INNER), (1, META_SCALARS)), max_size=3))),
+    max_size=3,
+)
 VALUES = _pick(
     (4, META_SCALARS),
     (3, LIST),
-    (2, INNER),
-    (1, st.lists(_pick((2, INNER), (1, META_SCALARS)), max_size=3)),
+    (2, MIDDLE),
+    (
+        2,
+        st.lists(
+            _pick((3, MIDDLE), (1, META_SCALARS), (1, st.lists(INNER, max_size=1))), max_size=3
+        ),
+    ),
 )
 DOC = _pick(
     (1, st.none()),
@@ -368,12 +553,22 @@ ORDERABLE = st.one_of(
     st.sampled_from([0.5, 1.0, -1.5, 2.5]),
     st.sampled_from(STRINGS),
 )
-OP_OPERAND = _pick(
+BASIC_OP = _pick(
     (2, st.tuples(st.sampled_from(["$eq", "$ne"]), SCALARS)),
     (4, st.tuples(st.sampled_from(["$gt", "$gte", "$lt", "$lte"]), ORDERABLE)),
     (2, st.tuples(st.sampled_from(["$in", "$nin"]), st.lists(SCALARS, max_size=3))),
     (1, st.tuples(st.just("$exists"), st.booleans())),
 )
+OPS = st.lists(BASIC_OP, min_size=1, max_size=2).map(dict)
+# $not around one or two operators, now and then around another $not
+NOT_OPS = st.recursive(
+    OPS,
+    lambda inner: st.tuples(inner, st.sampled_from([{}, {"$exists": True}])).map(
+        lambda t: {**t[1], "$not": t[0]}
+    ),
+    max_leaves=2,
+)
+OP_OPERAND = _pick((6, BASIC_OP), (2, st.tuples(st.just("$not"), NOT_OPS)))
 FIELD_COND = _pick((1, SCALARS), (3, st.lists(OP_OPERAND, min_size=1, max_size=2).map(dict)))
 LEAF = st.dictionaries(st.sampled_from(PATHS), FIELD_COND, min_size=1, max_size=2)
 
@@ -383,28 +578,34 @@ def _combine(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
     return st.one_of(
         lists.map(lambda xs: {"$and": xs}),
         lists.map(lambda xs: {"$or": xs}),
+        lists.map(lambda xs: {"$nor": xs}),
         st.tuples(children, LEAF).map(lambda t: {**t[1], **t[0]}),
     )
 
 
-# depth <= 3: at most two levels of $and/$or/implicit-AND above the field conditions
+# depth <= 3: at most two levels of $and/$or/$nor/implicit-AND above the field conditions
 FILTER = st.recursive(LEAF, _combine, max_leaves=6).filter(lambda f: _depth(f) <= 3)
+COMBINATORS = ("$and", "$or", "$nor")
 
 
 def _depth(flt: dict[str, Any]) -> int:
-    subs = [c for k, v in flt.items() if k in ("$and", "$or") for c in v]
+    subs = [c for k, v in flt.items() if k in COMBINATORS for c in v]
     return 1 + max((_depth(c) for c in subs), default=0)
 
 
 def _atoms(flt: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every single-operator condition inside a filter, as a filter of its own."""
+    """Every single-operator condition inside a filter, as a filter of its own (a ``$not`` both
+    whole and through the operators inside it)."""
     out: list[dict[str, Any]] = []
     for key, val in flt.items():
-        if key in ("$and", "$or"):
+        if key in COMBINATORS:
             for child in val:
                 out.extend(_atoms(child))
         elif isinstance(val, dict):
-            out.extend({key: {op: operand}} for op, operand in val.items())
+            for op, operand in val.items():
+                out.append({key: {op: operand}})
+                if op == "$not":
+                    out.extend(_atoms({key: operand}))
         else:
             out.append({key: val})
     return out
@@ -442,8 +643,10 @@ def test_vectorised_matches_reference(
         cols.evaluate(parse_filter(filters[0]), nxt)
     assert len(cols) == len(docs)
     n_rows = max(0, nxt + extra)
-    # the whole trees, and each operator on its own (so AND/OR cannot hide a wrong leaf)
-    for flt in filters + [a for f in filters for a in _atoms(f)]:
+    # the whole trees, each operator on its own (so AND/OR/NOT cannot hide a wrong leaf), and
+    # null and existence on every path (a sparse draw rarely pairs them with the right document)
+    probes = [{p: c} for p in sorted(set(PATHS)) for c in (None, {"$exists": True})]
+    for flt in filters + [a for f in filters for a in _atoms(f)] + probes:
         got = cols.evaluate(parse_filter(flt), n_rows)
         want = [matches(by_label.get(r), flt) for r in range(n_rows)]
         assert got.tolist() == want, flt
