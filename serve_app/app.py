@@ -14,10 +14,10 @@ from ray import serve
 from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from cluster.settings import Settings
-from serve_app import __version__, arrays, errors
+from serve_app import __version__, arrays, docs, errors
 from serve_app.embedder import Embedder
 from serve_app.engine import Engine
-from serve_app.http import configure_replica
+from serve_app.http import ApiKeyGate, configure_replica
 from serve_app.models import ErrorResponse
 from serve_app.routes import arrays as array_routes
 from serve_app.routes import health, indexes, vectors
@@ -32,6 +32,8 @@ def create_app() -> FastAPI:
         description="Encrypted vector-index service (CyborgDB v0.12-0.14 compatible API). "
         "Every route but /v1/health needs the X-API-Key header.",
         responses={422: {"model": ErrorResponse, "description": "Invalid parameters"}},
+        docs_url=None,  # served by docs.install from local assets
+        redoc_url=None,
     )
     routers = (
         health.router,
@@ -43,6 +45,11 @@ def create_app() -> FastAPI:
     for router in routers:
         app.include_router(router, prefix="/v1")
     errors.install(app)
+    docs.install(app)
+    # The API key (then the JSON content type) is checked before anything reads the body.
+    app.add_middleware(
+        ApiKeyGate, open_paths={"/v1/health", *docs.PATHS}, open_prefixes=(docs.ASSETS + "/",)
+    )
     return app
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Coroutine
+import re
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
 import orjson
@@ -11,9 +12,11 @@ from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from actors.errors import PayloadTooLarge, Unauthorized
+from actors.errors import PayloadTooLarge
 from serve_app.engine import retry_stale
+from serve_app.errors import error_response
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -70,17 +73,86 @@ API_KEY_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="t
 
 
 async def require_api_key(given: str | None = Security(API_KEY_HEADER)) -> None:
-    """FastAPI dependency: the X-API-Key header must match one of the configured keys.
+    """OpenAPI marker of the X-API-Key security scheme (SDK generators read it); checks nothing.
 
-    ``async`` so FastAPI runs it on the event loop instead of a threadpool hop per request."""
-    if not given:
-        raise Unauthorized("missing X-API-Key header")
-    keys: list[str] = REPLICA.settings.api_key
+    The key is checked by ``ApiKeyGate`` from the headers, before the body is read; a route
+    dependency runs only after FastAPI has read and parsed the whole body."""
+
+
+def key_matches(given: bytes, keys: Collection[str]) -> bool:
     ok = False
     for key in keys:  # compare against every key: timing does not reveal which matched
-        ok |= hmac.compare_digest(given.encode(), key.encode())
-    if not ok:
-        raise Unauthorized("invalid API key")
+        ok |= hmac.compare_digest(given, key.encode())
+    return ok
+
+
+_MEDIA_TYPE = re.compile(rb"[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}")
+
+
+def is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+def not_json_detail(content_type: bytes | None) -> str:
+    media = (content_type or b"").split(b";", 1)[0].strip()
+    if not media:
+        sent = "no Content-Type"
+    elif _MEDIA_TYPE.fullmatch(media):  # named back only when it is a plain type/subtype
+        sent = f"Content-Type {media.decode()}"
+    else:
+        sent = "an invalid Content-Type"
+    return f"request body must be JSON, got {sent}: send Content-Type: application/json"
+
+
+class ApiKeyGate:
+    """Pure ASGI middleware: the API key, then the JSON content type, from the headers alone.
+
+    Runs before any route, so a request with a missing or wrong X-API-Key is answered 401, and
+    then a body that is not ``application/json`` 415, without the app reading a byte of the
+    body (DESIGN §3). ``open_paths`` (GET /v1/health, the docs) and paths under
+    ``open_prefixes`` pass unchecked."""
+
+    BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+    def __init__(
+        self, app: ASGIApp, open_paths: Collection[str] = (), open_prefixes: tuple[str, ...] = ()
+    ) -> None:
+        self.app = app
+        self.open_paths = frozenset(open_paths)
+        self.open_prefixes = open_prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.is_open(scope):
+            await self.app(scope, receive, send)
+            return
+        given = content_type = None
+        for name, value in scope["headers"]:
+            if name == b"x-api-key" and given is None:
+                given = value
+            elif name == b"content-type" and content_type is None:
+                content_type = value
+        if not given:
+            refusal = error_response(401, "missing X-API-Key header")
+        elif not key_matches(given, REPLICA.settings.api_key if REPLICA.settings else ()):
+            refusal = error_response(401, "invalid API key")
+        elif scope["method"] in self.BODY_METHODS and not is_json(content_type):
+            refusal = error_response(415, not_json_detail(content_type))
+        else:
+            await self.app(scope, receive, send)
+            return
+        await refusal(scope, receive, send)  # sends the answer only: never calls receive()
+
+    def is_open(self, scope: Scope) -> bool:
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        return path in self.open_paths or path.startswith(self.open_prefixes)
 
 
 class _Replica:
