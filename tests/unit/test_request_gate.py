@@ -1,0 +1,173 @@
+"""The API key and the JSON content type are checked from the headers, before the body is read.
+
+The app of serve_app.app.create_app is driven in-process through raw ASGI calls whose
+``receive`` records every call: a refused request must not ask for a single body message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from serve_app import http
+from serve_app.app import create_app
+
+KEYS = ["first-key", "second-key"]
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[Any]:
+    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
+    http.configure_replica(SimpleNamespace(api_key=KEYS, max_body_bytes=1 << 20), None)
+    yield create_app()
+    http.configure_replica(*saved)
+
+
+def call(
+    app: Any, method: str, path: str, headers: dict[str, str], body: bytes = b"{}"
+) -> tuple[int, dict[str, str], bytes, int]:
+    """(status, headers, body, number of receive() calls) of one request."""
+    received = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        received += 1
+        if received > 1:  # the client stays connected and sends nothing more
+            await asyncio.Event().wait()
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, out, received
+
+
+def contract_error(status: int, body: bytes) -> str:
+    parsed = orjson.loads(body)
+    allowed = {"status_code", "detail", "errors"} if status == 422 else {"status_code", "detail"}
+    assert {"status_code", "detail"} <= set(parsed) <= allowed, parsed
+    assert parsed["status_code"] == status
+    return str(parsed["detail"])
+
+
+@pytest.mark.parametrize(
+    ("headers", "detail"),
+    [
+        ({"content-type": JSON}, "missing X-API-Key header"),
+        ({"content-type": JSON, "x-api-key": ""}, "missing X-API-Key header"),
+        ({"content-type": JSON, "x-api-key": "wrong-key"}, "invalid API key"),
+        ({"content-type": JSON, "x-api-key": "first-ke"}, "invalid API key"),  # a prefix
+        ({"content-type": FORM}, "missing X-API-Key header"),  # 401 before 415
+        ({"content-type": "text/plain", "x-api-key": "nope"}, "invalid API key"),
+    ],
+)
+def test_missing_or_wrong_key_is_401_without_reading_the_body(app, headers, detail):
+    status, out_headers, body, received = call(
+        app, "POST", "/v1/vectors/query", headers, body=b"{not json"
+    )
+    assert (status, received) == (401, 0)
+    assert out_headers["www-authenticate"] == "X-API-Key"
+    assert contract_error(401, body) == detail
+
+
+@pytest.mark.parametrize("path", ["/v1/indexes/list", "/v1/indexes/training-status", "/v1/nope"])
+def test_get_routes_need_the_key_too(app, path):
+    status, _, body, _ = call(app, "GET", path, {})
+    assert status == 401
+    contract_error(401, body)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [FORM, "text/plain", "multipart/form-data; boundary=x", "application/jsonx", None, "\x01"],
+)
+def test_post_that_is_not_json_is_415_without_reading_the_body(app, content_type):
+    headers = {"x-api-key": KEYS[1]}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    status, _, body, received = call(app, "POST", "/v1/vectors/upsert", headers)
+    assert (status, received) == (415, 0)
+    detail = contract_error(415, body)
+    assert detail.endswith("send Content-Type: application/json")
+    if content_type in (FORM, "text/plain"):
+        assert content_type in detail
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [JSON, "application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"],
+)
+@pytest.mark.parametrize("key", KEYS)
+def test_json_with_any_configured_key_reaches_the_route(app, content_type, key):
+    # Malformed JSON: the route reads the body and answers 422 (no engine needed for that).
+    status, _, body, received = call(
+        app, "POST", "/v1/vectors/query", {"x-api-key": key, "content-type": content_type}, b"{"
+    )
+    assert status == 422 and received >= 1
+    assert "not valid JSON" in contract_error(422, body)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/health",
+        "/docs",
+        "/v1/docs",
+        "/openapi.json",
+        "/v1/openapi.json",
+        "/docs/static/swagger-ui-bundle.js",
+        "/docs/static/swagger-ui.css",
+    ],
+)
+def test_health_and_docs_need_no_key(app, path):
+    status, headers, body, _ = call(app, "GET", path, {})
+    assert status == 200, body[:200]
+    if path.endswith("docs"):
+        assert headers["content-type"].startswith("text/html")
+
+
+def test_docs_page_loads_nothing_from_outside(app):
+    for path, spec in (("/docs", "/openapi.json"), ("/v1/docs", "/v1/openapi.json")):
+        _, _, body, _ = call(app, "GET", path, {})
+        html = body.decode()
+        assert "http://" not in html and "https://" not in html, html
+        assert "/docs/static/swagger-ui-bundle.js" in html and "/docs/static/swagger-ui.css" in html
+        assert f"url: '{spec}'" in html
+
+
+def test_openapi_still_declares_the_api_key_scheme(app):
+    for path in ("/openapi.json", "/v1/openapi.json"):
+        _, _, body, _ = call(app, "GET", path, {})
+        spec = orjson.loads(body)
+        schemes = spec["components"]["securitySchemes"]
+        assert {"type": "apiKey", "in": "header", "name": "X-API-Key"}.items() <= next(
+            iter(schemes.values())
+        ).items()
+        query = spec["paths"]["/v1/vectors/query"]["post"]
+        assert query["security"] == [{next(iter(schemes)): []}]
+        assert "security" not in spec["paths"]["/v1/health"]["get"]
