@@ -1,0 +1,80 @@
+"""The pinned ``cyborgdb`` SDK releases the compatibility suite drives, and the one list of
+checks that are expected to fail because the server feature is out of vaultvec's scope.
+
+Check names are ``<scenario>/<check>`` (see ``driver.py``); a known-unsupported entry matches
+them with a shell-style pattern. Every other failed check fails the test.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+RELEASES: tuple[str, ...] = (
+    "0.11.0",
+    "0.12.0",
+    "0.13.1",
+    "0.14.0",
+    "0.15.0",
+    "0.16.0",
+    "0.17.0",
+    "0.18.0",
+)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    pattern: str  # matched against check names with fnmatch
+    since: str  # first SDK release that has the feature (documentation only)
+    reason: str
+
+
+KNOWN_UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(
+        "kms/*",
+        "0.17.0",
+        "KMS-backed index keys (create_index(kms_name=...)): vaultvec indexes are always keyed "
+        "by the client's index_key",
+    ),
+    Unsupported(
+        "rbac/*",
+        "0.17.0",
+        "per-index users / RBAC (create_user, list_users, delete_user): vaultvec has "
+        "service-wide API keys only",
+    ),
+    Unsupported(
+        "bm25/*",
+        "0.18.0",
+        "BM25 full-text search (text_fields, bm25_k1/b, query(text=...), query_metadata(text=...))",
+    ),
+    Unsupported(
+        "schema/*",
+        "0.18.0",
+        "per-field metadata_schema policies and the $regex/$contains operators they enable",
+    ),
+    Unsupported(
+        "tq*/*",
+        "0.18.0",
+        "storage_precision tq12/tq8/tq6/tq4 (TurboQuant): vaultvec offers float32 and float16",
+    ),
+)
+
+
+def known_unsupported(check: str) -> Unsupported | None:
+    """The entry that excuses a failure of ``check``, if any."""
+    for entry in KNOWN_UNSUPPORTED:
+        if fnmatch.fnmatchcase(check, entry.pattern):
+            return entry
+    return None
+
+
+def markdown_table() -> str:
+    """The known-unsupported list as a README table (``python -m tests.compat.releases``)."""
+    rows = ["| SDK feature | since | why it fails against vaultvec |", "|---|---|---|"]
+    rows += [f"| `{e.pattern}` | {e.since} | {e.reason} |" for e in KNOWN_UNSUPPORTED]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(f"Releases tested: {', '.join(RELEASES)}\n")
+    print(markdown_table())
