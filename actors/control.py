@@ -47,6 +47,7 @@ class EngineOptions:
     idle_ttl_s: float = 0.0
     train_wait_s: float = 600.0
     train_threads: int = 0  # 0 = all cores of the node
+    max_indexes: int = 1000
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class ControlPlane:
         with self._lock:
             if meta.name in self._catalog:
                 raise IndexExists(f"index {meta.name!r} already exists")
+            if len(self._catalog) >= self.options.max_indexes:
+                raise InvalidRequest(
+                    f"the service holds {len(self._catalog)} indexes, its limit "
+                    f"(VAULTVEC_MAX_INDEXES={self.options.max_indexes}); delete one first"
+                )
             persistence.write_config(self.store, key, cfg)
             persistence.write_meta(self.store, meta)  # last: the index exists once this lands
             self._catalog[meta.name] = meta

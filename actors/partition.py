@@ -52,6 +52,20 @@ def new_ivf(
     return index
 
 
+# The largest vector norm an index accepts: squared L2 distances between any two such vectors
+# (at most (2 * MAX_NORM)^2) stay finite in float32, which faiss computes in. A larger vector
+# would get no list (its distances are inf) and could never be found.
+MAX_NORM = float(np.sqrt(np.finfo(np.float32).max)) / 2  # ~9.2e18
+
+
+def too_large(x: np.ndarray) -> np.ndarray:
+    """Row numbers of ``x`` that are not finite or whose norm exceeds MAX_NORM."""
+    x64 = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", x64, x64)
+    return np.flatnonzero(~(sq <= MAX_NORM * MAX_NORM))
+
+
 def default_pq_dim(dimension: int) -> int:
     """Largest divisor of ``dimension`` that gives sub-vectors of at least 2 dims, at most 64."""
     for m in range(min(64, dimension // 2), 0, -1):
@@ -180,6 +194,8 @@ class PartitionIndex:
         x = np.ascontiguousarray(x, dtype=np.float32)
         dis, lists = self.assign(x, 1)
         lists1 = np.ascontiguousarray(lists[:, 0])
+        if len(lists1) and lists1.min() < 0:  # faiss found no list: inf or NaN distances
+            raise ValueError("a vector got no list; vectors are checked against MAX_NORM first")
         np.maximum.at(self.radii, lists1, np.sqrt(np.maximum(dis[:, 0], 0)))
         return lists1
 

@@ -12,6 +12,7 @@ The class is plain Python (unit-testable without Ray); ``ShardActor`` is its Ray
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +27,7 @@ from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest
 from actors.filters import FilterNode
 from actors.items import ItemTable
-from actors.partition import PartitionIndex, serialize
+from actors.partition import MAX_NORM, PartitionIndex, serialize, too_large
 from actors.rwlock import RWLock
 from actors.store import Store, open_store
 from actors.strings import StringBlock
@@ -40,6 +41,8 @@ from actors.types import (
     from_wire,
     to_wire,
 )
+
+log = logging.getLogger("vaultvec.shard")
 
 # A shard tidies its memory once writes have paused this long (Shard._tidy_when_idle).
 TRIM_AFTER_WRITES_S = 1.0
@@ -115,6 +118,8 @@ class Shard:
                 if seq <= self.seq:
                     continue
                 op, payload = persistence.decode_record(frame)
+                if isinstance(payload, UpsertBatch):
+                    payload = searchable(payload)
                 self._apply(op, payload)
                 self.seq = seq
                 self._wal_records += 1
@@ -215,6 +220,11 @@ class Shard:
         self._wal_bytes += len(record)
 
     def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
+        bad = too_large(batch.vectors)
+        if len(bad):  # the gateway refuses these first; nothing unsearchable is acknowledged
+            raise InvalidRequest(
+                f"item {batch.ids[bad[0]]!r}: vector norm above {MAX_NORM:.3g} or not finite"
+            )
         with self._lock.write():
             self._ensure_loaded(key)
             if self.partition is not None and batch.vectors.shape[1] != self.partition.dimension:
@@ -453,3 +463,22 @@ class Shard:
 
     def ping(self) -> bool:
         return True
+
+
+def searchable(batch: UpsertBatch) -> UpsertBatch:
+    """A WAL batch without the vectors no list can hold (written before upserts were checked
+    against MAX_NORM: such items were acknowledged but never searchable); they are dropped and
+    logged, so the shard loads."""
+    bad = too_large(batch.vectors)
+    if not len(bad):
+        return batch
+    log.warning("dropped %d stored items whose vectors are not finite or too large", len(bad))
+    keep = np.setdiff1d(np.arange(len(batch.ids)), bad)
+    rows = keep.tolist()
+    return UpsertBatch(
+        ids=tuple(batch.ids[i] for i in rows),
+        vectors=batch.vectors[keep],
+        norms=None if batch.norms is None else batch.norms[keep],
+        metadata=tuple(batch.metadata[i] for i in rows),
+        contents=tuple(batch.contents[i] for i in rows),
+    )

@@ -55,6 +55,14 @@ class Settings(BaseSettings):
 
     max_top_k: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(256 << 20, ge=1024)
+    # Request limits (each a 422 naming it when exceeded; docs/api.md lists them).
+    max_ids_per_request: int = Field(100_000, ge=1, description="ids in one get or delete")
+    max_items_per_upsert: int = Field(100_000, ge=1, description="items in one upsert")
+    max_id_length: int = Field(1024, ge=1, description="characters in an item id")
+    max_metadata_bytes: int = Field(65_536, ge=2, description="one item's metadata as JSON")
+    max_metadata_depth: int = Field(32, ge=1, description="nesting levels of one item's metadata")
+    max_contents_bytes: int = Field(1 << 20, ge=1, description="one item's contents, UTF-8")
+    max_indexes: int = Field(1000, ge=1, description="indexes the service holds")
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 
@@ -121,4 +129,5 @@ class Settings(BaseSettings):
             idle_ttl_s=self.idle_ttl_s,
             train_wait_s=self.train_wait_s,
             train_threads=self.train_threads,
+            max_indexes=self.max_indexes,
         )

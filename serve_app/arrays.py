@@ -116,6 +116,7 @@ async def query(
 
 async def upsert(
     engine: Engine,
+    limits: service.Limits,
     index_name: str,
     index_key: str,
     ids: Sequence[str],
@@ -132,25 +133,17 @@ async def upsert(
     for name, column in (("metadata", metadata), ("contents", contents)):
         if column is not None and len(column) != n:
             raise InvalidRequest(f"{name} has {len(column)} entries for {n} ids")
-    if any(not isinstance(i, str) or not i or len(i) > 1024 for i in ids):
-        raise InvalidRequest("ids must be strings of 1 to 1024 characters")
     if contents is not None and any(c is not None and not isinstance(c, str) for c in contents):
         raise InvalidRequest("contents must be strings or null")
-    meta = [None] * n if metadata is None else [encode_metadata(m) for m in metadata]
     cont: Sequence[str | None] = [None] * n if contents is None else contents
+    limits.check_items(ids, cont)
+    meta = (
+        [None] * n
+        if metadata is None
+        else [limits.encode_metadata(m, i) for i, m in enumerate(metadata)]
+    )
     cv = await engine.view(index_name, index_key)
     return await service.upsert(engine, cv, ids, x, meta, cont, field)
-
-
-def encode_metadata(m: Any) -> bytes | None:
-    if m is None:
-        return None
-    if not isinstance(m, dict):
-        raise InvalidRequest("metadata entries must be JSON objects or null")
-    try:
-        return orjson.dumps(m)
-    except TypeError:
-        raise InvalidRequest("metadata must be JSON-serialisable") from None
 
 
 def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
@@ -251,6 +244,9 @@ async def handle_upsert(
 
     async def run() -> int:
         x = _handle_matrix(vectors, "vectors")
-        return await upsert(REPLICA.engine, index_name, index_key, ids, x, metadata, contents)
+        limits = service.Limits.of(REPLICA.settings)
+        return await upsert(
+            REPLICA.engine, limits, index_name, index_key, ids, x, metadata, contents
+        )
 
     return int(await _guarded(run))

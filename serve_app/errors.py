@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -24,12 +25,16 @@ log = logging.getLogger("vaultvec.errors")
 
 
 def error_response(
-    status: int, detail: str, errors: list[dict[str, Any]] | None = None
+    status: int,
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
     body: dict[str, Any] = {"status_code": status, "detail": detail}
     if errors:
         body["errors"] = errors
-    headers = {"WWW-Authenticate": "X-API-Key"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "X-API-Key"}
     return Response(
         orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
     )
@@ -56,21 +61,23 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        errors = scrub_validation(exc.errors())
+        raw = exc.errors()
+        errors = scrub_validation(raw)
         first = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
         if first["type"] == "json_invalid":
             at = first["loc"][0] if first["loc"] else "?"
-            detail = (
-                f"request body is not valid JSON (at character {at}; "
-                "NaN and Infinity are not JSON numbers)"
-            )
+            # The parser's own reason (orjson's messages never quote the input).
+            reason = str((raw[0].get("ctx") or {}).get("error") or "malformed JSON")
+            hint = "; NaN and Infinity are not JSON numbers" if "JSON value" in reason else ""
+            detail = f"request body is not valid JSON at character {at}: {reason}{hint}"
             return error_response(422, detail, errors)
         where = ".".join(first["loc"]) or "body"
         return error_response(422, f"{where}: {first['msg']}", errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, str(exc.detail))
+        # Keeps the exception's headers: a 405 carries Allow.
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:

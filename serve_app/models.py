@@ -2,15 +2,16 @@
 
 A field sent as JSON null means "use the default": every optional field is ``X | None = None``
 and defaults are resolved by the engine. Unknown fields are ignored, as existing clients send
-fields of later versions. Vectors are declared with their real JSON types for the OpenAPI schema
-but validated by numpy (shape, finiteness), which is much faster than per-element validation.
+fields of later versions. Validation is strict: vectors hold JSON numbers only, counts are
+integers and flags booleans (no coercion from strings or booleans); numpy then checks a vector's
+shape, finiteness and norm (serve_app.vectors).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SkipValidation
+from pydantic import BaseModel, ConfigDict, Field
 
 IndexType = Literal["ivfflat", "ivf", "ivfpq"]
 # What create accepts: vaultvec's names plus CyborgDB's newer ones (serve_app.routes.indexes).
@@ -22,14 +23,23 @@ GetInclude = Literal["vector", "contents", "metadata"]
 
 IndexName = Annotated[str, Field(min_length=1, max_length=255, description="Index name")]
 IndexKey = Annotated[
-    str, Field(description="The index's 32-byte key as 64 hex characters; never stored")
+    str,
+    Field(
+        pattern="^[0-9a-fA-F]{64}$",
+        description="The index's 32-byte key as 64 hex characters; never stored",
+    ),
 ]
-Vector = Annotated[list[float], SkipValidation]
-Matrix = Annotated[list[list[float]], SkipValidation]
+Vector = list[float]
+Matrix = list[list[float]]
+# One vector or a list of them; tried left to right, a matrix fails the first form at its first
+# element, so it is validated once (1.5 ms for 1,000 x 128 numbers).
+Vectors = Annotated[Vector | Matrix, Field(union_mode="left_to_right")]
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict: a number is a JSON number (no "1.5", no true), a flag a JSON boolean, a count an
+    # integer; unknown fields are ignored (newer clients send more).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class IndexRequest(Model):
@@ -99,7 +109,7 @@ class TrainRequest(IndexRequest):
 
 
 class Item(Model):
-    id: str = Field(min_length=1, max_length=1024)
+    id: str = Field(min_length=1, description="at most VAULTVEC_MAX_ID_LENGTH (1024) characters")
     vector: Vector | None = Field(
         None, description="omit to embed contents with the index's embedding_model"
     )
@@ -112,7 +122,7 @@ class UpsertRequest(IndexRequest):
 
 
 class QueryRequest(IndexRequest):
-    query_vectors: Vector | Matrix | None = Field(
+    query_vectors: Vectors | None = Field(
         None, description="one vector (flat results) or a list of vectors (a result list each)"
     )
     query_contents: str | None = Field(
@@ -304,7 +314,7 @@ class ArraysQueryResponse(Model):
 
 
 class ArraysUpsertRequest(IndexRequest):
-    ids: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+    ids: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1, description="one id per row of vectors"
     )
     vectors: Base64Matrix
@@ -324,7 +334,7 @@ Base64Rows = Annotated[
 
 
 class BinaryVectorBatch(Model):
-    ids: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+    ids: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1, description="one id per row"
     )
     vectors_b64: Base64Rows

@@ -18,10 +18,109 @@ from actors.strings import StringBlock
 from actors.types import UpsertBatch
 from serve_app.engine import CachedView, Engine, Hits
 from serve_app.results import results_json, shape_results
-from serve_app.vectors import check_dimension, to_index_space
+from serve_app.vectors import check_dimension, check_norms, to_index_space
 
 DEFAULT_TOP_K = 100
 DEFAULT_QUERY_INCLUDE = ("distance", "metadata")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The configured request limits (Settings.max_*); every transport checks the same."""
+
+    ids: int = 100_000
+    items: int = 100_000
+    id_length: int = 1024
+    metadata_bytes: int = 65_536
+    metadata_depth: int = 32
+    contents_bytes: int = 1 << 20
+
+    @classmethod
+    def of(cls, settings: Any) -> Limits:
+        """The limits of a replica's settings (built once per settings object)."""
+        cached = _LIMITS.get(id(settings))
+        if cached is not None and cached[0] is settings:
+            return cached[1]
+        limits = cls(
+            ids=settings.max_ids_per_request,
+            items=settings.max_items_per_upsert,
+            id_length=settings.max_id_length,
+            metadata_bytes=settings.max_metadata_bytes,
+            metadata_depth=settings.max_metadata_depth,
+            contents_bytes=settings.max_contents_bytes,
+        )
+        _LIMITS[id(settings)] = (settings, limits)
+        return limits
+
+    def check_ids(self, ids: Sequence[str], field: str = "ids") -> None:
+        if len(ids) > self.ids:
+            raise InvalidRequest(
+                f"{field} holds {len(ids)} ids; the limit is {self.ids} (VAULTVEC_MAX_IDS_PER_REQUEST)"
+            )
+
+    def encode_metadata(self, m: Any, at: int) -> bytes | None:
+        """One item's metadata -> stored JSON, within the depth and size limits."""
+        if m is None:
+            return None
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"item {at}: metadata must be a JSON object or null")
+        if nesting(m, self.metadata_depth) > self.metadata_depth:
+            raise InvalidRequest(
+                f"item {at}: metadata is nested deeper than {self.metadata_depth} levels "
+                "(VAULTVEC_MAX_METADATA_DEPTH)"
+            )
+        try:
+            blob = orjson.dumps(m)
+        except TypeError:  # orjson.JSONEncodeError
+            raise InvalidRequest(f"item {at}: metadata must be JSON-serialisable") from None
+        if len(blob) > self.metadata_bytes:
+            raise InvalidRequest(
+                f"item {at}: metadata is {len(blob)} bytes as JSON; the limit is "
+                f"{self.metadata_bytes} (VAULTVEC_MAX_METADATA_BYTES)"
+            )
+        return blob
+
+    def check_items(self, ids: Sequence[str], contents: Sequence[str | None]) -> None:
+        """Item count, id lengths and contents sizes of an upsert."""
+        if len(ids) > self.items:
+            raise InvalidRequest(
+                f"the upsert holds {len(ids)} items; the limit is {self.items} "
+                "(VAULTVEC_MAX_ITEMS_PER_UPSERT)"
+            )
+        for i, item_id in enumerate(ids):
+            if not isinstance(item_id, str) or not 1 <= len(item_id) <= self.id_length:
+                raise InvalidRequest(
+                    f"item {i}: ids must be strings of 1 to {self.id_length} characters "
+                    "(VAULTVEC_MAX_ID_LENGTH)"
+                )
+        for i, text in enumerate(contents):
+            # A character is at most 4 UTF-8 bytes: only long texts need encoding.
+            if text is not None and 4 * len(text) > self.contents_bytes:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if size > self.contents_bytes:
+                    raise InvalidRequest(
+                        f"item {ids[i]!r}: contents are {size} bytes; the limit is "
+                        f"{self.contents_bytes} (VAULTVEC_MAX_CONTENTS_BYTES)"
+                    )
+
+
+_LIMITS: dict[int, tuple[Any, Limits]] = {}
+
+
+def nesting(value: Any, stop: int) -> int:
+    """How deeply ``value``'s objects and arrays nest (1 = a flat object), counted without
+    recursion and only up to ``stop + 1``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop:
+            return deepest
+        stack.extend((c, depth + 1) for c in children)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -86,6 +185,7 @@ async def upsert(
         cv = await engine.reload(cv)
         cfg = cv.config
     check_dimension(x, cfg.dimension, field)
+    check_norms(x, field, ids)
     x, norms = to_index_space(x, cfg.metric, field)
 
     def batch(rows: np.ndarray) -> UpsertBatch:
@@ -124,6 +224,7 @@ async def search(
         meta = np.empty(shape, dtype=object) if with_metadata else None
         return Hits(dist, StringBlock.empty(shape), meta, np.zeros(len(x), dtype=np.int64))
     check_dimension(x, cfg.dimension, field)
+    check_norms(x, field)
     x, _ = to_index_space(x, cfg.metric, field)
     return await engine.search(cv, x, top_k, n_probes or 0, filters, bool(greedy), with_metadata)
 

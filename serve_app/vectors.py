@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from actors.errors import InvalidRequest
+from actors.partition import MAX_NORM, too_large
 
 
 def as_matrix(value: Any, field: str) -> tuple[np.ndarray, bool]:
@@ -29,6 +31,18 @@ def as_matrix(value: Any, field: str) -> tuple[np.ndarray, bool]:
     if not np.isfinite(arr).all():
         raise InvalidRequest(f"{field} contains NaN or infinite values")
     return np.ascontiguousarray(arr), single
+
+
+def check_norms(x: np.ndarray, field: str, ids: Sequence[str] | None = None) -> None:
+    """422 naming the first vector whose norm exceeds MAX_NORM: faiss computes squared
+    distances in float32, and such a vector's would overflow (it could never be found)."""
+    bad = too_large(x)
+    if len(bad):
+        which = f"item {ids[bad[0]]!r}" if ids is not None else f"{field}[{bad[0]}]"
+        raise InvalidRequest(
+            f"{which}: the vector's norm exceeds {MAX_NORM:.3g} (squared distances must stay "
+            "finite in float32)"
+        )
 
 
 def check_dimension(x: np.ndarray, dimension: int | None, field: str) -> None:

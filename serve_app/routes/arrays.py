@@ -46,8 +46,9 @@ async def upsert_binary(body: BinaryUpsertRequest, request: Request) -> JSON:
     b = body.batch
     x = arrays.decode_rows(b.vectors_b64, len(b.ids), b.dimension, "batch.vectors_b64")
     contents = None if b.contents is None else [c or None for c in b.contents]
+    limits = service.Limits.of(settings_of(request))
     n = await arrays.upsert(
-        engine_of(request), body.index_name, body.index_key, b.ids, x, b.metadata, contents
+        engine_of(request), limits, body.index_name, body.index_key, b.ids, x, b.metadata, contents
     )
     return upserted(n)
 
@@ -102,6 +103,7 @@ async def upsert_arrays(body: ArraysUpsertRequest, request: Request) -> JSON:
     x = arrays.decode_matrix(body.vectors, body.shape, "vectors")
     n = await arrays.upsert(
         engine_of(request),
+        service.Limits.of(settings_of(request)),
         body.index_name,
         body.index_key,
         body.ids,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -40,14 +39,16 @@ router = APIRouter(
 @router.post("/upsert", response_model=UpsertResponse)
 async def upsert(body: UpsertRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
-    cv = await engine.view(body.index_name, body.index_key)
+    limits = service.Limits.of(settings_of(request))
     items = body.items
     ids, contents = [it.id for it in items], [it.contents for it in items]
+    limits.check_items(ids, contents)
+    metadata = [limits.encode_metadata(it.metadata, i) for i, it in enumerate(items)]
+    cv = await engine.view(body.index_name, body.index_key)
     # Items without a vector are embedded from their contents (one model call per request).
     x = await text.item_vectors(
         embedder_of(request), cv.config, ids, [it.vector for it in items], contents
     )
-    metadata = [None if it.metadata is None else orjson.dumps(it.metadata) for it in items]
     n = await service.upsert(engine, cv, ids, x, metadata, contents)
     return JSON({"status": "success", "message": f"Upserted {n} vectors", "upserted_count": n})
 
@@ -75,6 +76,7 @@ async def query(body: QueryRequest, request: Request) -> Response:
 @router.post("/get", response_model=GetResponse)
 async def get(body: GetRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
+    service.Limits.of(settings_of(request)).check_ids(body.ids)
     cv = await engine.view(body.index_name, body.index_key)
     return JSON({"results": await fetch(engine, cv, body.ids, body.include)})
 
@@ -96,6 +98,7 @@ async def fetch(
 @router.post("/delete", response_model=DeleteResponse)
 async def delete(body: DeleteRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
+    service.Limits.of(settings_of(request)).check_ids(body.ids)
     cv = await engine.view(body.index_name, body.index_key)
     ids = service.distinct(body.ids)
     if any(not i for i in ids):

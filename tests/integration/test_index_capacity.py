@@ -50,3 +50,31 @@ def test_shards_that_cannot_be_placed_are_a_clear_503(service, tmp_path):
         control.create_index(meta, keys.data_key, cfg)
     assert control.list_indexes() == []
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_index_count_is_capped_by_a_named_limit(service, tmp_path):
+    """Past VAULTVEC_MAX_INDEXES a create is a 422 naming the limit, and nothing is stored."""
+    from actors.control import ControlPlane, EngineOptions, new_index_id
+    from actors.crypto import derive_keys, new_salt
+    from actors.errors import InvalidRequest
+    from actors.types import IndexConfig, IndexMeta
+
+    control = ControlPlane(EngineOptions(store_url=f"file://{tmp_path}", max_indexes=1))
+
+    def create(name: str) -> None:
+        salt = new_salt()
+        keys = derive_keys(bytes(32), name, salt)
+        meta = IndexMeta(name, new_index_id(), salt, keys.verifier)
+        control.create_index(
+            meta, keys.data_key, IndexConfig(name, meta.index_id, "ivfflat", "euclidean", 1)
+        )
+
+    create("first")
+    stored = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    with pytest.raises(InvalidRequest, match="VAULTVEC_MAX_INDEXES=1"):
+        create("second")
+    assert control.list_indexes() == ["first"]
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == stored
+    control.delete_index(
+        "first", derive_keys(bytes(32), "first", control.lookup("first").salt).data_key
+    )

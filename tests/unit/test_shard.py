@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from actors.errors import DecryptError, IndexRetired
+from actors.errors import DecryptError, IndexRetired, InvalidRequest
 from actors.filters import parse_filter
 from actors.partition import serialize
 from actors.shard import Shard
@@ -297,3 +297,32 @@ def test_churned_lists_are_laid_out_once_writes_pause(
     after, _ = shard.search(KEY, req)
     assert after.ids.tolist() == before.ids.tolist()
     np.testing.assert_array_equal(after.distances, before.distances)
+
+
+def test_vectors_no_list_can_hold_are_refused_and_dropped_from_old_wals(tmp_path: Path) -> None:
+    """A vector whose squared norm overflows float32 gets no IVF list: the shard refuses it
+    before logging it, the partition never takes a list number below 0, and a WAL written
+    before the check (such items were acknowledged, never searchable) still loads."""
+    from actors import persistence
+
+    x = clustered(20, 4, seed=3)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x, 0))
+    huge = np.array([[1e20, 0, 0, 0]], dtype=np.float32)
+    with pytest.raises(InvalidRequest, match="'id20'"):
+        shard.upsert(KEY, batch(huge, 20))
+    with pytest.raises(ValueError, match="no list"):
+        shard.partition.add(np.array([99]), huge)
+    # An old WAL record holding one such item among good ones: as an older shard wrote it.
+    mixed = UpsertBatch(
+        ("ok1", "bad", "ok2"),
+        np.concatenate([x[:1] + 1, huge, x[:1] + 2]),
+        None,
+        (None, None, None),
+        (None, None, None),
+    )
+    shard._log(KEY, persistence.encode_upsert(mixed))
+    reloaded = new_shard(tmp_path)
+    res, n = reloaded.search(KEY, one_list(x[:1] + 1))
+    assert n == 22 and reloaded.stats(KEY).count == 22
+    assert "ok1" in res.ids.tolist()[0] and reloaded.get(KEY, ["bad"], True, True, True).ids == []
