@@ -62,6 +62,15 @@ class ItemTable:
     def ids_of(self, labels: np.ndarray) -> list[str]:
         return [i for i in self.ids.get(labels).flat() if i is not None]
 
+    def order(self, labels: np.ndarray, path: str, ascending: bool) -> list[tuple[Any, str]]:
+        """``(sort key, id)`` of ``labels`` ordered by the metadata value at dot ``path``, in
+        MongoDB's order: missing and null, then numbers, strings, objects and arrays (by their
+        JSON), booleans; descending reverses it. Ties go by id."""
+        ids = self.ids_of(labels)
+        keys = [sort_key(self.metadata[label], path) for label in labels.tolist()]
+        pairs = sorted(zip(keys, ids), reverse=not ascending)
+        return pairs
+
     def matching(self, node: FilterNode | None) -> np.ndarray:
         """Labels of the live items that ``node`` matches (every live item when None)."""
         if node is None:
@@ -172,3 +181,19 @@ class ItemTable:
         ok = labels >= 0
         out[ok] = values[labels[ok]]
         return out
+
+
+def sort_key(blob: bytes | None, path: str) -> tuple[int, Any]:
+    """The sort key of one item's metadata value at ``path`` (see ItemTable.order)."""
+    value: Any = None if blob is None else orjson.loads(blob)
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return (0, 0)
+    if isinstance(value, bool):
+        return (4, int(value))
+    if isinstance(value, (int, float)):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    return (3, orjson.dumps(value, option=orjson.OPT_SORT_KEYS))

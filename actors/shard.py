@@ -375,11 +375,21 @@ class Shard:
         with self._reading(key):
             return self.items.all_ids()
 
-    def match_ids(self, key: bytes, node: FilterNode | None, limit: int | None) -> list[str]:
-        """Ids of the items that ``node`` matches (all when None), at most ``limit``."""
+    def match_ids(
+        self,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None = None,
+        ascending: bool = True,
+    ) -> list[Any]:
+        """The items that ``node`` matches (all when None), at most ``limit``: their ids, or
+        with ``order_by`` their ``(sort key, id)`` pairs in order (ItemTable.order)."""
         with self._reading(key):
             labels = self.items.matching(node)
-            return self.items.ids_of(labels if limit is None else labels[:limit])
+            if order_by is None:
+                return self.items.ids_of(labels if limit is None else labels[:limit])
+            return self.items.order(labels, order_by, ascending)[:limit]
 
     def stats(self, key: bytes) -> ShardStats:
         with self._reading(key):

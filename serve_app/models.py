@@ -63,6 +63,9 @@ class IndexConfigIn(Model):
 
 
 class CreateIndexRequest(IndexRequest):
+    # Optional in the schema only so that a KMS-style create (kms_name, no key) gets a message
+    # naming KMS; a create without either is a 422 naming index_key.
+    index_key: IndexKey | None = None  # type: ignore[assignment]
     index_config: IndexConfigIn | None = None
     # The top-level forms newer CyborgDB clients send (they take precedence over index_config).
     index_type: IndexTypeIn | None = Field(None, description="as index_config.type")
@@ -156,7 +159,12 @@ class QueryMetadataRequest(IndexRequest):
     include: list[GetInclude] | None = Field(
         None, description="fields to return with each id (as /v1/vectors/get); default none"
     )
-    order_by: Any = Field(None, description="not supported: must be null")
+    order_by: str | dict[str, int] | None = Field(
+        None,
+        description="sort the matches by this metadata field (dot path) before top_k; "
+        '{"field": 1 | -1} sets the direction too',
+    )
+    ascending: bool | None = Field(None, description="with order_by as a name; default true")
     text: str | None = Field(None, description="not supported (BM25 full text): must be null")
 
 

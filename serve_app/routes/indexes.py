@@ -81,8 +81,10 @@ def refuse_unsupported(body: CreateIndexRequest) -> None:
 @router.post("/create", response_model=StatusResponse, responses=CONFLICT)
 async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     engine, settings = engine_of(request), settings_of(request)
-    key = parse_index_key(body.index_key)
     refuse_unsupported(body)
+    if body.index_key is None:
+        raise InvalidRequest("index_key is required: 64 hex characters (32 bytes)")
+    key = parse_index_key(body.index_key)
     cfg_in = body.index_config or IndexConfigIn.model_validate({})
     index_type, pq_dim, pq_bits, sq_bits = resolve_type(body, cfg_in)
     metric = body.metric or cfg_in.metric

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,17 +128,37 @@ async def num_vectors(body: IndexRequest, request: Request) -> JSON:
 
 @router.post("/query_metadata", response_model=QueryMetadataResponse)
 async def query_metadata(body: QueryMetadataRequest, request: Request) -> JSON:
-    """Metadata-only search: the ids of the items the filter matches (no vector, no ranking),
-    at most ``top_k``, with the fields of ``include`` as /v1/vectors/get returns them."""
-    if body.order_by is not None or body.text:
-        raise InvalidRequest("query_metadata supports filters, top_k and include only")
+    """Metadata-only search: the ids of the items the filter matches (no vector), in the order
+    of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
+    /v1/vectors/get returns them."""
+    if body.text:
+        raise InvalidRequest("query_metadata: text (BM25 full-text search) is not supported")
+    order_by, ascending = sort_order(body.order_by, body.ascending)
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
     node = parse_filter(body.filters or None)
-    parts = await engine.all_shards(cv, "match_ids", node, body.top_k)
-    ids = [i for part in parts for i in part][: body.top_k]
+    parts = await engine.all_shards(cv, "match_ids", node, body.top_k, order_by, ascending)
+    if order_by is None:
+        ids = [i for part in parts for i in part][: body.top_k]
+    else:  # each shard's matches in order: merge them
+        pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
+        ids = [item_id for _, item_id in itertools.islice(pairs, body.top_k)]
     if body.include:
         results = await fetch(engine, cv, ids, body.include)
     else:
         results = [{"id": i} for i in ids]
     return JSON({"results": results, "ids": ids, "count": len(ids)})
+
+
+def sort_order(
+    order_by: str | dict[str, int] | None, ascending: bool | None
+) -> tuple[str | None, bool]:
+    """(field, ascending) of query_metadata's order_by: a name, or {name: 1 | -1}."""
+    if isinstance(order_by, dict):
+        if len(order_by) != 1 or next(iter(order_by.values())) not in (1, -1):
+            raise InvalidRequest('order_by must be a field name or {"field": 1 | -1}')
+        ((order_by, direction),) = order_by.items()
+        return order_by, direction == 1
+    if order_by is not None and not order_by:
+        raise InvalidRequest("order_by must name a metadata field")
+    return order_by, ascending is not False

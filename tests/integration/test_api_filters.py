@@ -157,16 +157,54 @@ def test_query_metadata_returns_every_match(dataset, flt):
         assert r == {"id": r["id"], "metadata": metadata[int(r["id"][1:])]}
 
 
+@pytest.mark.parametrize("path", ["n", "nested.k", "name", "opt", "mixed"])
+@pytest.mark.parametrize("ascending", [True, False])
+def test_query_metadata_orders_by_a_field_as_mongodb_sorts(dataset, path, ascending):
+    """Missing and null first, then numbers, strings, objects/arrays, booleans (reversed when
+    descending); the matches of every shard merged; top_k after the sort."""
+    idx, _, metadata, ids = dataset
+    flt = {"cat": {"$in": ["a", "b"]}}
+    expected = [j for j in range(N) if matches(metadata[j], flt)]
+
+    def key(j: int) -> tuple[int, Any]:
+        v: Any = metadata[j]
+        for part in path.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if v is None:
+            return (0, 0)
+        if isinstance(v, bool):
+            return (4, v)
+        return (1, v) if isinstance(v, (int, float)) else (2, v) if isinstance(v, str) else (3, 0)
+
+    body = ok(
+        idx.post(
+            "vectors/query_metadata", filters=flt, order_by=path, ascending=ascending, top_k=None
+        )
+    )
+    got = [key(int(i[1:])) for i in body["ids"]]
+    assert sorted(body["ids"]) == sorted(ids[j] for j in expected)
+    assert got == sorted(got, reverse=not ascending)
+    top = ok(
+        idx.post(
+            "vectors/query_metadata",
+            filters=flt,
+            order_by={path: 1 if ascending else -1},
+            top_k=25,
+        )
+    )
+    assert [key(int(i[1:])) for i in top["ids"]] == got[:25]
+
+
 def test_query_metadata_refuses_what_it_cannot_do(dataset):
     idx = dataset[0]
-    for extra in ({"order_by": "n"}, {"text": "alpha"}):
-        assert "query_metadata" in error(idx.post("vectors/query_metadata", **extra), 422)["detail"]
-    assert (
-        "$regex"
-        in error(idx.post("vectors/query_metadata", filters={"name": {"$regex": "a"}}), 422)[
-            "detail"
-        ]
-    )
+    for extra, named in (
+        ({"text": "alpha"}, "BM25"),
+        ({"order_by": {"n": 2}}, "order_by"),
+        ({"order_by": {"n": 1, "x": 1}}, "order_by"),
+        ({"order_by": ""}, "order_by"),
+        ({"filters": {"name": {"$regex": "a"}}}, "$regex"),
+    ):
+        assert named in error(idx.post("vectors/query_metadata", **extra), 422)["detail"]
 
 
 def test_filter_applies_to_every_query_of_a_batch(dataset):

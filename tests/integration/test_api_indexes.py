@@ -327,6 +327,8 @@ def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_
     [
         ({"dimension": 8, "storage_precision": "tq4"}, "storage_precision"),
         ({"dimension": 8, "kms_name": "aws"}, "KMS"),
+        ({"dimension": 8, "kms_name": "aws", "index_key": None}, "KMS"),  # as 0.17+ send it
+        ({"dimension": 8, "index_key": None}, "index_key is required"),
         ({"dimension": 8, "text_fields": ["body"]}, "full-text"),
         ({"dimension": 8, "metadata_schema": {"body": {"full_text": True}}}, "full-text"),
         ({"index_config": {"type": "ivfflat", "sq_bits": 16}}, "sq_bits"),
