@@ -25,9 +25,17 @@ def _serve(args: argparse.Namespace) -> int:
             "ray_address": args.ray_address,
             "shards": args.shards,
             "api_key": args.api_key,
+            "api_key_file": args.api_key_file,
         }.items()
         if v is not None
     }
+    if args.api_key is not None:
+        print(
+            "warning: --api-key shows the key in the process list, where other local users can "
+            "read it; prefer VAULTVEC_API_KEY or --api-key-file",
+            file=sys.stderr,
+            flush=True,
+        )
     settings, generated = runtime.ensure_api_key(Settings(**overrides))
     url = runtime.start(settings)
     # After start: ray.init installs its own SIGTERM handler, which would exit mid-flight.
@@ -63,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         help="shards per new index (default: one per Ray node with CPUs, at least 2)",
     )
     serve.add_argument(
-        "--api-key", help="API key(s), comma-separated (default: $VAULTVEC_API_KEY or generated)"
+        "--api-key-file",
+        help="read the API key(s) from this file, one per line (default: $VAULTVEC_API_KEY_FILE)",
+    )
+    serve.add_argument(
+        "--api-key",
+        help="API key(s), comma-separated; visible to other local users in the process list: "
+        "prefer $VAULTVEC_API_KEY or --api-key-file (default: generated)",
     )
     serve.set_defaults(func=_serve)
     add_commands(sub)  # bulk-query, bulk-upsert

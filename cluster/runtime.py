@@ -59,7 +59,14 @@ def start(settings: Settings) -> str:
     if not ray.is_initialized():
         address = settings.ray_address or os.environ.get("RAY_ADDRESS")
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.start(
+        http_options={
+            "host": settings.host,
+            "port": settings.port,
+            "request_timeout_s": settings.http_request_timeout_s,
+            "keep_alive_timeout_s": settings.http_keep_alive_timeout_s,
+        }
+    )
     serve.run(
         build_app(settings.model_dump(mode="json")), name=APP_NAME, route_prefix="/", blocking=False
     )

@@ -1,8 +1,8 @@
 """Service settings: environment variables ``VAULTVEC_*`` (or CLI flags that set them).
 
 Secrets are never defaulted: API keys come from ``VAULTVEC_API_KEY`` (comma-separated for
-several keys) or, when none is configured, from a key generated on first start and kept in the
-data directory (see ``cluster.runtime``).
+several keys), from the file ``VAULTVEC_API_KEY_FILE`` names, or, when none is configured, from a
+key generated on first start and kept in the data directory (see ``cluster.runtime``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from actors.control import EngineOptions
@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VAULTVEC_", extra="ignore")
 
     api_key: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    api_key_file: str | None = Field(
+        None, description="read the API key(s) from this file (one per line or comma-separated)"
+    )
     storage: str = "file://./vaultvec-data"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -37,7 +40,9 @@ class Settings(BaseSettings):
         0, ge=0, description="spread gateway replicas over nodes; 0 = no limit"
     )
     gateway_num_cpus: float = 0.25
-    gateway_max_ongoing_requests: int = 64
+    # Requests one gateway replica takes in at once (async: cheap); more than the slow clients
+    # that may be mid-body before the body deadline cuts them off.
+    gateway_max_ongoing_requests: int = Field(256, ge=1)
     gateway_threads: int = Field(
         0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
     )
@@ -55,6 +60,14 @@ class Settings(BaseSettings):
 
     max_top_k: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(256 << 20, ge=1024)
+    # Slow clients: a body must keep arriving (no gap over body_idle_timeout_s) and, past that
+    # grace, at body_min_rate bytes/s on average, or the request ends with 408.
+    body_idle_timeout_s: float = Field(10.0, gt=0, description="longest gap in a request body")
+    body_min_rate: int = Field(16_384, ge=0, description="bytes/s a body must average")
+    # Serve's HTTP proxy: end-to-end request timeout (above train_wait_s: /train waits that
+    # long) and how long an idle keep-alive connection stays open.
+    http_request_timeout_s: float = Field(660.0, gt=0)
+    http_keep_alive_timeout_s: float = Field(5.0, gt=0)
     # Request limits (each a 422 naming it when exceeded; docs/api.md lists them).
     max_ids_per_request: int = Field(100_000, ge=1, description="ids in one get or delete")
     max_items_per_upsert: int = Field(100_000, ge=1, description="items in one upsert")
@@ -97,6 +110,19 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _keys_from_file(self) -> Settings:
+        """Keys from ``api_key_file`` (e.g. a mounted Secret) when none are given directly: a
+        file keeps them out of the process list, where a command-line flag is visible to every
+        local user."""
+        if self.api_key_file and not self.api_key:
+            text = Path(self.api_key_file).expanduser().read_text()
+            keys = [k.strip() for line in text.splitlines() for k in line.split(",") if k.strip()]
+            if not keys:
+                raise ValueError(f"api_key_file {self.api_key_file} holds no key")
+            self.api_key = keys
+        return self
 
     @field_validator("embedding_models", mode="before")
     @classmethod

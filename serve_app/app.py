@@ -71,7 +71,7 @@ def control_plane(settings: Settings) -> Any:
     return actor.remote(settings.engine_options())
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:

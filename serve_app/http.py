@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 from collections.abc import Callable, Collection, Coroutine
@@ -33,21 +34,41 @@ def too_large(limit: int) -> HTTPException:
     return HTTPException(PayloadTooLarge.status_code, f"request body exceeds {limit} bytes")
 
 
+def too_slow(detail: str) -> HTTPException:
+    return HTTPException(408, f"request body {detail}; send it at once")
+
+
 class OrjsonRequest(Request):
-    """Parses JSON bodies with orjson and enforces the configured body-size limit."""
+    """Parses JSON bodies with orjson and enforces the configured body limits: its size, the
+    longest gap between two of its chunks, and (past that grace) its average rate, so a client
+    that trickles a body holds the gateway for seconds, not for as long as it likes."""
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            limit = REPLICA.settings.max_body_bytes
+            settings = REPLICA.settings
+            limit = settings.max_body_bytes
             declared = self.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise too_large(limit)
+            idle, rate = settings.body_idle_timeout_s, settings.body_min_rate
+            clock = asyncio.get_running_loop().time
+            start = clock()
             chunks = []
             size = 0
-            async for chunk in self.stream():
+            stream = self.stream().__aiter__()
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(stream.__anext__(), idle)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    raise too_slow(f"stalled for {idle:g} s") from None
                 size += len(chunk)
                 if size > limit:
                     raise too_large(limit)
+                elapsed = clock() - start
+                if elapsed > idle and size < rate * elapsed:
+                    raise too_slow(f"arrived at under {rate} bytes/s")
                 chunks.append(chunk)
             self._body = b"".join(chunks)
         return self._body

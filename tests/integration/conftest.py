@@ -17,6 +17,7 @@ from tests.integration.support import Index, create_index
 
 API_KEY = "test-api-key"
 AUTO_TRAIN_THRESHOLD = 2_000
+BODY_IDLE_TIMEOUT_S = 2.0  # short, so the slow-client test cuts its clients off quickly
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         auto_train_threshold=AUTO_TRAIN_THRESHOLD,
         wal_max_records=16,
         max_body_bytes=8 << 20,
+        body_idle_timeout_s=BODY_IDLE_TIMEOUT_S,
     )
     with ray_tmpdir("vvi"):
         url = runtime.start(settings)

@@ -1,0 +1,67 @@
+"""Service settings and the ``vaultvec serve`` command line: where API keys come from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import cli, runtime
+from cluster.settings import Settings
+
+
+def test_api_keys_come_from_a_file_one_per_line_or_comma_separated(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("first-key\nsecond-key, third-key\n\n")
+    assert Settings(api_key_file=str(keys)).api_key == ["first-key", "second-key", "third-key"]
+    # Keys given directly win over the file.
+    assert Settings(api_key=["direct"], api_key_file=str(keys)).api_key == ["direct"]
+
+
+def test_an_empty_or_missing_key_file_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n \n")
+    with pytest.raises(ValueError, match="holds no key"):
+        Settings(api_key_file=str(empty))
+    with pytest.raises(FileNotFoundError):
+        Settings(api_key_file=str(tmp_path / "missing"))
+
+
+class Started(Exception):
+    """Raised by the stand-in for runtime.start: the command got as far as starting."""
+
+
+@pytest.fixture()
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    seen: list[Settings] = []
+
+    def start(settings: Settings) -> Any:
+        seen.append(settings)
+        raise Started
+
+    monkeypatch.setattr(runtime, "start", start)
+    monkeypatch.delenv("VAULTVEC_API_KEY", raising=False)
+    monkeypatch.delenv("VAULTVEC_API_KEY_FILE", raising=False)
+    return seen
+
+
+def test_serve_reads_keys_from_api_key_file_without_a_warning(
+    tmp_path: Path, started: list[Settings], capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("from-file\n")
+    with pytest.raises(Started):
+        cli.main(["serve", "--api-key-file", str(keys), "--storage", str(tmp_path / "data")])
+    assert started[0].api_key == ["from-file"]
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_serve_warns_that_api_key_on_the_command_line_is_visible(
+    tmp_path: Path, started: list[Settings], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(Started):
+        cli.main(["serve", "--api-key", "k1,k2", "--storage", str(tmp_path / "data")])
+    assert started[0].api_key == ["k1", "k2"]
+    err = capsys.readouterr().err
+    assert "process list" in err and "--api-key-file" in err
