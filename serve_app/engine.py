@@ -293,7 +293,7 @@ class Engine:
     async def upsert_batches(
         self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]
     ) -> int:
-        assign = shard_assignment(ids, cv.config.n_shards)
+        assign = await assign_shards(ids, cv.config.n_shards)
         calls: list[ShardCall] = []
         for s in range(len(cv.view.shards)):
             rows = np.flatnonzero(assign == s)
@@ -307,7 +307,7 @@ class Engine:
         return sum(cv.counts.values()) if len(cv.counts) == cv.config.n_shards else -1
 
     async def by_shard(self, cv: CachedView, ids: list[str], method: str, *args: Any) -> list[Any]:
-        assign = shard_assignment(ids, cv.config.n_shards)
+        assign = await assign_shards(ids, cv.config.n_shards)
         calls: list[ShardCall] = []
         for s in range(len(cv.view.shards)):
             sub = [ids[i] for i in np.flatnonzero(assign == s)]
@@ -343,6 +343,18 @@ class Engine:
                     entry["metadata"] = orjson.Fragment(m) if m is not None else None
                 found[item_id] = entry
         return found
+
+
+# Ids hashed on the event loop at most: a hash costs ~0.5 us, so 100,000 ids would hold every
+# other request for 50 ms; more go to a worker thread (the loop keeps its turns of the GIL).
+INLINE_HASHES = 4096
+
+
+async def assign_shards(ids: list[str], n_shards: int) -> np.ndarray:
+    """Each id's shard (actors.types.shard_assignment), off the event loop when many."""
+    if len(ids) <= INLINE_HASHES:
+        return shard_assignment(ids, n_shards)
+    return await asyncio.to_thread(shard_assignment, ids, n_shards)
 
 
 # A call argument larger than Ray inlines in the task (100 KiB) goes through its object store;
