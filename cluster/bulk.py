@@ -1,7 +1,7 @@
 """The bulk driver behind ``vaultvec bulk-query`` and ``vaultvec bulk-upsert``.
 
-Its core takes a *transport*: ``HttpTransport`` (the async Python client: JSON or binary routes)
-or ``RayTransport`` (a DeploymentHandle on the running Serve app: no HTTP). Batches run
+Its core takes a *transport*: ``HttpTransport`` (the async Python client: JSON or compact array
+routes) or ``RayTransport`` (a DeploymentHandle on the running Serve app: no HTTP). Batches run
 ``concurrency`` at a time but are committed in input order, so the output (or, for upserts, the
 progress record) always covers a prefix of the input. A sidecar progress file records that
 prefix; re-running the same command resumes after it. A first Ctrl-C (or SIGTERM) stops

@@ -15,9 +15,10 @@ from cluster import bulk
 from cluster.bulk import DEFAULT_BATCH, DEFAULT_CONCURRENCY
 
 EPILOG = """\
-transports: http (default; the Python client: binary routes for batches of 64+ vectors, or
---wire json/binary) or ray (--ray-address: join the Ray cluster and call the Serve app through
-a DeploymentHandle, no HTTP; the API key is not used there, the index key is verified).
+transports: http (default; the Python client: the compact array routes, base64 float32, for
+batches of 64+ vectors, or --wire json/binary) or ray (--ray-address: join the Ray cluster and
+call the Serve app through a DeploymentHandle, no HTTP; the API key is not used there, the
+index key is verified).
 Ctrl-C once: finish the batches in flight, write them and stop; twice: abort those in flight.
 Re-running the same command resumes after the rows already written (see the progress file).
 """

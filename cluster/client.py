@@ -4,8 +4,9 @@
 
     with Client("http://127.0.0.1:8000", api_key) as vv:
         idx = vv.create_index("docs", generate_key(), dimension=128)
-        idx.upsert(ids, vectors)                      # numpy (n, d); binary route for n >= 64
+        idx.upsert(ids, vectors)                      # numpy (n, d); array route for n >= 64
         res = idx.query(queries, top_k=10)            # res.ids (nq, k), res.distances (nq, k)
+        hits = idx.query(contents="chest pain", top_k=5)  # text (embedding_model indexes)
 
 Connections are pooled (one httpx client per Client); bodies are orjson. Errors raise the typed
 exceptions of ``cluster.errors`` carrying the server's detail. Only 503 answers and connection
@@ -180,11 +181,42 @@ class Client(_Base):
     def training_status(self) -> dict[str, Any]:
         return dict(self.call(Call("/v1/indexes/training-status", method="GET")))
 
-    def create_index(self, name: str, key: str, **config: Any) -> Index:
-        """``config``: index_type (ivfflat|ivf|ivfpq), dimension, metric, pq_dim, pq_bits,
-        embedding_model, n_shards (default: the server's). Raises IndexExistsError if the name
-        is taken."""
-        self.call(create_call(name, key, **config))
+    def create_index(
+        self,
+        name: str,
+        key: str,
+        *,
+        index_type: str | None = None,
+        dimension: int | None = None,
+        metric: str | None = None,
+        pq_dim: int | None = None,
+        pq_bits: int | None = None,
+        sq_bits: int | None = None,
+        n_lists: int | None = None,
+        embedding_model: str | None = None,
+        n_shards: int | None = None,
+    ) -> Index:
+        """A new index; None = the server's default. ``index_type`` ivfflat (default), ivf
+        (``sq_bits`` 8 or 16) or ivfpq (``pq_dim``, ``pq_bits``); ``metric`` euclidean
+        (default), squared_euclidean or cosine; ``n_lists`` IVF lists to train (automatic);
+        ``embedding_model`` lets items and queries be text embedded on the server (it fixes
+        the dimension); ``n_shards`` shard actors. Raises IndexExistsError if the name is
+        taken."""
+        self.call(
+            create_call(
+                name,
+                key,
+                index_type=index_type,
+                dimension=dimension,
+                metric=metric,
+                pq_dim=pq_dim,
+                pq_bits=pq_bits,
+                sq_bits=sq_bits,
+                n_lists=n_lists,
+                embedding_model=embedding_model,
+                n_shards=n_shards,
+            )
+        )
         return Index(self, name, key)
 
     def index(self, name: str, key: str) -> Index:
@@ -259,8 +291,36 @@ class AsyncClient(_Base):
     async def training_status(self) -> dict[str, Any]:
         return dict(await self.call(Call("/v1/indexes/training-status", method="GET")))
 
-    async def create_index(self, name: str, key: str, **config: Any) -> AsyncIndex:
-        await self.call(create_call(name, key, **config))
+    async def create_index(
+        self,
+        name: str,
+        key: str,
+        *,
+        index_type: str | None = None,
+        dimension: int | None = None,
+        metric: str | None = None,
+        pq_dim: int | None = None,
+        pq_bits: int | None = None,
+        sq_bits: int | None = None,
+        n_lists: int | None = None,
+        embedding_model: str | None = None,
+        n_shards: int | None = None,
+    ) -> AsyncIndex:
+        await self.call(
+            create_call(
+                name,
+                key,
+                index_type=index_type,
+                dimension=dimension,
+                metric=metric,
+                pq_dim=pq_dim,
+                pq_bits=pq_bits,
+                sq_bits=sq_bits,
+                n_lists=n_lists,
+                embedding_model=embedding_model,
+                n_shards=n_shards,
+            )
+        )
         return AsyncIndex(self, name, key)
 
     def index(self, name: str, key: str) -> AsyncIndex:
@@ -279,10 +339,20 @@ def create_call(
     metric: str | None = None,
     pq_dim: int | None = None,
     pq_bits: int | None = None,
+    sq_bits: int | None = None,
+    n_lists: int | None = None,
     embedding_model: str | None = None,
     n_shards: int | None = None,
 ) -> Call:
-    config = calls.drop_none(type=index_type, dimension=dimension, pq_dim=pq_dim, pq_bits=pq_bits)
+    """The create request: the index's shape in ``index_config``, the rest top-level."""
+    config = calls.drop_none(
+        type=index_type,
+        dimension=dimension,
+        pq_dim=pq_dim,
+        pq_bits=pq_bits,
+        sq_bits=sq_bits,
+        n_lists=n_lists,
+    )
     body: dict[str, Any] = {"index_name": name, "index_key": key, "index_config": config}
     body.update(calls.drop_none(metric=metric, embedding_model=embedding_model, n_shards=n_shards))
     return Call("/v1/indexes/create", body)

@@ -1,8 +1,8 @@
 """Typed exceptions of the Python client and the bulk driver, one per status code.
 
 Every error carries the server's ``status_code``, ``detail`` (and ``errors`` for schema
-violations), whichever transport raised it: HTTP (JSON or binary routes) or the Ray transport,
-whose server-side errors are mapped onto the same classes.
+violations), whichever transport raised it: HTTP (JSON or compact array routes) or the Ray
+transport, whose server-side errors are mapped onto the same classes.
 """
 
 from __future__ import annotations

@@ -44,11 +44,37 @@ class _IndexPlans:
             c.max_request_bytes,
         )
 
-    def _query(self, vectors: Any, top_k: int | None, binary: Any, **options: Any) -> Plan:
+    def _query(
+        self, vectors: Any, contents: str | None, top_k: int | None, binary: Any, **options: Any
+    ) -> Plan:
         c = self.client
         options = calls.drop_none(**options)
         return calls.query(
-            self._ref, vectors, top_k, options, binary, c.binary_threshold, c.max_request_bytes
+            self._ref,
+            vectors,
+            contents,
+            top_k,
+            options,
+            binary,
+            c.binary_threshold,
+            c.max_request_bytes,
+        )
+
+    def _train(
+        self,
+        n_lists: int | None,
+        batch_size: int | None,
+        max_iters: int | None,
+        tolerance: float | None,
+        max_memory: int | None,
+    ) -> Call:
+        return self._call(
+            "indexes/train",
+            n_lists=n_lists,
+            batch_size=batch_size,
+            max_iters=max_iters,
+            tolerance=tolerance,
+            max_memory=max_memory,
         )
 
     def _call(self, route: str, **fields: Any) -> Call:
@@ -61,30 +87,37 @@ class Index(_IndexPlans):
     def upsert(
         self,
         ids: Sequence[Any],
-        vectors: Any,
+        vectors: Any = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
         contents: Sequence[str | None] | None = None,
         *,
         binary: bool | None = None,
     ) -> int:
-        """Store (or replace) ``ids`` with the rows of ``vectors`` (n, d); returns the count."""
+        """Store (or replace) ``ids`` with the rows of ``vectors`` (n, d); returns the count.
+        Without ``vectors``, every item is embedded on the server from its ``contents`` (an
+        index created with an ``embedding_model``). ``binary`` forces (True/False) the compact
+        array route for vectors."""
         return self.client.run(self._upsert(ids, vectors, metadata, contents, binary))
 
     def query(
         self,
-        vectors: Any,
+        vectors: Any = None,
         top_k: int | None = None,
         *,
+        contents: str | None = None,
         n_probes: int | None = None,
         filters: dict[str, Any] | None = None,
         greedy: bool | None = None,
         include: Sequence[str] | None = None,
         binary: bool | None = None,
     ) -> QueryResult:
-        """Nearest neighbours of one vector (1-D) or a batch (2-D); see ``QueryResult``."""
+        """Nearest neighbours of one vector (1-D), a batch (2-D) or, with ``contents``, of one
+        text embedded on the server (flat results, as for a 1-D vector): exactly one of
+        ``vectors`` and ``contents``. See ``QueryResult``."""
         return self.client.run(
             self._query(
                 vectors,
+                contents,
                 top_k,
                 binary,
                 n_probes=n_probes,
@@ -101,9 +134,19 @@ class Index(_IndexPlans):
     def delete(self, ids: Sequence[str]) -> int:
         return int(self.client.call(self._call("vectors/delete", ids=list(ids)))["deleted_count"])
 
-    def train(self, **params: Any) -> str:
-        """n_lists, batch_size, max_iters, tolerance, max_memory; "success" or "in_progress"."""
-        return str(self.client.call(self._call("indexes/train", **params))["status"])
+    def train(
+        self,
+        *,
+        n_lists: int | None = None,
+        batch_size: int | None = None,
+        max_iters: int | None = None,
+        tolerance: float | None = None,
+        max_memory: int | None = None,
+    ) -> str:
+        """Train (or re-train) now; None (or 0) = the server's default (n_lists automatic).
+        Returns "success" or "in_progress"."""
+        call = self._train(n_lists, batch_size, max_iters, tolerance, max_memory)
+        return str(self.client.call(call)["status"])
 
     def describe(self) -> dict[str, Any]:
         return dict(self.client.call(self._call("indexes/describe")))
@@ -125,7 +168,7 @@ class AsyncIndex(_IndexPlans):
     async def upsert(
         self,
         ids: Sequence[Any],
-        vectors: Any,
+        vectors: Any = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
         contents: Sequence[str | None] | None = None,
         *,
@@ -135,9 +178,10 @@ class AsyncIndex(_IndexPlans):
 
     async def query(
         self,
-        vectors: Any,
+        vectors: Any = None,
         top_k: int | None = None,
         *,
+        contents: str | None = None,
         n_probes: int | None = None,
         filters: dict[str, Any] | None = None,
         greedy: bool | None = None,
@@ -147,6 +191,7 @@ class AsyncIndex(_IndexPlans):
         return await self.client.run(
             self._query(
                 vectors,
+                contents,
                 top_k,
                 binary,
                 n_probes=n_probes,
@@ -163,8 +208,17 @@ class AsyncIndex(_IndexPlans):
         body = await self.client.call(self._call("vectors/delete", ids=list(ids)))
         return int(body["deleted_count"])
 
-    async def train(self, **params: Any) -> str:
-        return str((await self.client.call(self._call("indexes/train", **params)))["status"])
+    async def train(
+        self,
+        *,
+        n_lists: int | None = None,
+        batch_size: int | None = None,
+        max_iters: int | None = None,
+        tolerance: float | None = None,
+        max_memory: int | None = None,
+    ) -> str:
+        call = self._train(n_lists, batch_size, max_iters, tolerance, max_memory)
+        return str((await self.client.call(call))["status"])
 
     async def describe(self) -> dict[str, Any]:
         return dict(await self.client.call(self._call("indexes/describe")))

@@ -1,8 +1,9 @@
 """Transports of the bulk driver: how a batch reaches the service.
 
-``HttpTransport`` uses the async Python client (JSON or binary routes). ``RayTransport`` calls
-the Gateway deployment's ``query_arrays``/``upsert_arrays`` through a DeploymentHandle from a
-process that joined the Ray cluster: no HTTP. Anything with the ``Transport`` methods works.
+``HttpTransport`` uses the async Python client (JSON or compact array routes).
+``RayTransport`` calls the Gateway deployment's ``query_arrays``/``upsert_arrays`` through a
+DeploymentHandle from a process that joined the Ray cluster: no HTTP. Anything with the
+``Transport`` methods works.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ DRIVER_REQUEST_BYTES = 64 << 20
 
 
 class HttpTransport:
-    """The async client over HTTP; ``wire``: auto (binary from 64 vectors), json or binary.
-    A batch goes in one request unless it exceeds ``max_request_bytes`` (64 MiB)."""
+    """The async client over HTTP; ``wire``: auto (the compact array routes from 64 vectors),
+    json or binary (always the array routes). A batch goes in one request unless it exceeds
+    ``max_request_bytes`` (64 MiB)."""
 
     def __init__(
         self, url: str, api_key: str, index: str, key: str, wire: str = "auto", **options: Any

@@ -42,7 +42,7 @@ def test_index_lifecycle(vv: Client) -> None:
         meta = [{"j": j} for j in range(400)]
         contents = [f"doc {j}" for j in range(400)]
         assert idx.upsert(ids[:10], x[:10], meta[:10], contents[:10]) == 10  # JSON route
-        assert idx.upsert(ids[10:], x[10:], meta[10:], contents[10:]) == 390  # binary route
+        assert idx.upsert(ids[10:], x[10:], meta[10:], contents[10:]) == 390  # array route
         assert idx.num_vectors() == 400 and sorted(idx.list_ids()) == sorted(ids)
         desc = idx.describe()
         assert desc["index_name"] == name and desc["num_vectors"] == 400
@@ -67,7 +67,9 @@ def test_index_lifecycle(vv: Client) -> None:
         assert got[0]["contents"] == "doc 3" and got[0]["metadata"] == {"j": 3}
 
         assert idx.delete(["i3", "i4", "absent"]) == 2 and idx.num_vectors() == 398
-        assert idx.train(n_lists=4) in ("success", "in_progress")
+        assert idx.train(n_lists=4, max_iters=5) in ("success", "in_progress")
+        with pytest.raises(TypeError):
+            idx.train(n_list=4)  # type: ignore[call-arg]
     finally:
         idx.drop()
     with pytest.raises(IndexNotFoundError):
@@ -84,7 +86,7 @@ def test_typed_errors_carry_the_server_detail(vv: Client, service: Service) -> N
             bad.value.detail == f"query_vectors has dimension {D + 1}, the index has dimension {D}"
         )
         with pytest.raises(InvalidRequestError, match="NaN"):
-            idx.upsert(["a"] * 70, np.full((70, D), np.nan))  # binary route
+            idx.upsert(["a"] * 70, np.full((70, D), np.nan))  # array route
         with pytest.raises(InvalidRequestError, match="more than once"):
             idx.upsert(["a", "a"], np.ones((2, D)))
         with pytest.raises(AuthenticationError):
@@ -127,6 +129,54 @@ def test_async_client(service: Service) -> None:
                 with pytest.raises(InvalidRequestError, match="dimension"):
                     await idx.query(np.ones((80, D + 2)))
                 assert idx.name in await c.list_indexes()
+            finally:
+                await idx.drop()
+
+    asyncio.run(go())
+
+
+def test_text_search(vv: Client) -> None:
+    """create_index(embedding_model=...), text-only upserts and query(contents=...)."""
+    from serve_app.embedder import DEFAULT_MODEL, builtin_models, runtime_installed
+
+    if not (runtime_installed() and DEFAULT_MODEL in builtin_models()):
+        pytest.skip("embeddings extra not installed")
+    docs = {
+        "gzip": "gzip is a command-line tool that compresses files to save disk space",
+        "bread": "knead the dough, let it rise for an hour, then bake the loaf at 220 degrees",
+        "whale": "blue whales are the largest animals that have ever lived in the ocean",
+        "rain": "heavy rain and strong winds are forecast for tomorrow afternoon",
+    }
+    idx = vv.create_index(unique_name("ctext"), generate_key(), embedding_model=DEFAULT_MODEL)
+    try:
+        meta = [{"topic": name} for name in docs]
+        assert idx.upsert(list(docs), metadata=meta, contents=list(docs.values())) == 4
+        assert idx.describe()["embedding_model"] == DEFAULT_MODEL
+        res = idx.query(contents="the biggest creature in the sea", top_k=2)
+        assert res.ids.shape == (2,) and res.ids[0] == "whale"
+        assert res.metadata is not None and res.metadata[0] == {"topic": "whale"}
+        assert res.distances is not None and res.distances[0] <= res.distances[1]
+        got = idx.get(["rain"], include=["contents"])
+        assert [g["id"] for g in got] == ["rain"] and got[0]["contents"] == docs["rain"]
+    finally:
+        idx.drop()
+
+
+def test_async_text_query(service: Service) -> None:
+    from serve_app.embedder import DEFAULT_MODEL, builtin_models, runtime_installed
+
+    if not (runtime_installed() and DEFAULT_MODEL in builtin_models()):
+        pytest.skip("embeddings extra not installed")
+
+    async def go() -> None:
+        async with AsyncClient(service.url, API_KEY) as c:
+            name = unique_name("actext")
+            idx = await c.create_index(name, generate_key(), embedding_model=DEFAULT_MODEL)
+            try:
+                texts = ["a cat chased a mouse", "file your income tax return before April"]
+                assert await idx.upsert(["cat", "tax"], contents=texts) == 2
+                res = await idx.query(contents="which pet hunts mice", top_k=1)
+                assert list(res.ids) == ["cat"]
             finally:
                 await idx.drop()
 

@@ -1,10 +1,14 @@
-"""The client's request encoding and response decoding (JSON and binary forms), against a small
-in-memory fake of the /v1/vectors routes served through an httpx MockTransport."""
+"""The client's request encoding and response decoding (JSON and compact array forms, text
+queries and text-only upserts), against a small in-memory fake of the /v1 routes served through
+an httpx MockTransport."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import itertools
 import re
+import zlib
 from typing import Any
 
 import httpx
@@ -12,8 +16,15 @@ import numpy as np
 import orjson
 import pytest
 
-from cluster.calls import QueryResult, chunks
-from cluster.client import Client, generate_key
+from cluster.calls import QueryResult, chunks, pack
+from cluster.client import AsyncClient, Client, generate_key
+
+D_TEXT = 8  # the fake server's embedding dimension
+
+
+def embed(text: str) -> np.ndarray:
+    """The fake server's embedding model: a fixed random vector per text."""
+    return np.random.default_rng(zlib.crc32(text.encode())).normal(size=D_TEXT)
 
 
 class FakeServer:
@@ -24,18 +35,25 @@ class FakeServer:
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.meta: dict[str, Any] = {}
         self.paths: list[str] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.sizes: list[int] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         self.paths.append(path)
+        self.sizes.append(len(request.content))
         body = orjson.loads(request.content)
+        self.bodies.append(body)
+        if path in ("/v1/indexes/create", "/v1/indexes/train"):
+            return httpx.Response(200, json={"status": "success", "message": ""})
         if path == "/v1/vectors/upsert":
             items = body["items"]
-            self._add([it["id"] for it in items], np.array([it["vector"] for it in items]))
+            vectors = [it["vector"] if "vector" in it else embed(it["contents"]) for it in items]
+            self._add([it["id"] for it in items], np.array(vectors))
             for it in items:
                 self.meta[it["id"]] = it.get("metadata")
             return self._upserted(len(items))
-        if path == "/v1/vectors/upsert_binary":
+        if path == "/v1/vectors/upsert_arrays":
             raw = base64.b64decode(body["vectors"], validate=True)
             x = np.frombuffer(raw, dtype="<f4").reshape(body["shape"])
             self._add(body["ids"], x)
@@ -43,7 +61,12 @@ class FakeServer:
                 self.meta[i] = m
             return self._upserted(len(x))
         if path == "/v1/vectors/query":
-            q = np.asarray(body["query_vectors"], dtype=np.float32)
+            if ("query_vectors" in body) == ("query_contents" in body):
+                return httpx.Response(422, json={"status_code": 422, "detail": "exactly one"})
+            if "query_contents" in body:  # a text query: flat results
+                q = embed(body["query_contents"]).astype(np.float32)
+            else:
+                q = np.asarray(body["query_vectors"], dtype=np.float32)
             single = q.ndim == 1
             d, idx = self._search(np.atleast_2d(q), body.get("top_k") or 100)
             results = [
@@ -58,7 +81,7 @@ class FakeServer:
                 for dr, ir in zip(d, idx)
             ]
             return httpx.Response(200, json={"results": results[0] if single else results})
-        if path == "/v1/vectors/query_binary":
+        if path == "/v1/vectors/query_arrays":
             raw = base64.b64decode(body["query_vectors"], validate=True)
             q = np.frombuffer(raw, dtype="<f4").reshape(body["shape"])
             k = body.get("top_k") or 100
@@ -111,7 +134,7 @@ def test_generate_key() -> None:
     assert re.fullmatch(r"[0-9a-f]{64}", key) and key != generate_key()
 
 
-def test_binary_threshold_picks_the_route(server: FakeServer) -> None:
+def test_binary_threshold_picks_the_array_routes(server: FakeServer) -> None:
     ids, x = data()
     with client_for(server) as c:
         idx = c.index("i", "ab" * 32)
@@ -123,12 +146,15 @@ def test_binary_threshold_picks_the_route(server: FakeServer) -> None:
         idx.query(x[:2], top_k=3, binary=True)
     assert server.paths == [
         "/v1/vectors/upsert",
-        "/v1/vectors/upsert_binary",
+        "/v1/vectors/upsert_arrays",
         "/v1/vectors/query",
-        "/v1/vectors/query_binary",
+        "/v1/vectors/query_arrays",
         "/v1/vectors/query",
-        "/v1/vectors/query_binary",
+        "/v1/vectors/query_arrays",
     ]
+    # the compact array form: base64 float32 plus a shape, never CyborgDB's batch form
+    assert set(server.bodies[1]) == {"index_name", "index_key", "ids", "vectors", "shape"}
+    assert set(server.bodies[3]) == {"index_name", "index_key", "query_vectors", "shape", "top_k"}
 
 
 def test_binary_upsert_body_round_trips(server: FakeServer) -> None:
@@ -212,3 +238,170 @@ def test_duplicate_ids_across_split_requests_are_refused(server: FakeServer) -> 
     with client_for(server, max_request_bytes=2000) as c, pytest.raises(InvalidRequestError):
         c.index("i", "ab" * 32).upsert(ids, x)
     assert server.paths == []  # refused before anything was sent
+
+
+# -- text queries and text-only upserts -----------------------------------------------------
+TEXTS = [f"note {i}: {'chest pain' if i % 3 else 'fever'} day {i}" for i in range(100)]
+
+
+def test_text_upsert_sends_items_without_vectors(server: FakeServer) -> None:
+    ids = [f"t{i}" for i in range(100)]
+    meta = [{"n": i} if i % 2 else None for i in range(100)]
+    with client_for(server) as c:  # 100 items: past binary_threshold, still the JSON route
+        assert c.index("i", "ab" * 32).upsert(ids, metadata=meta, contents=TEXTS) == 100
+    assert server.paths == ["/v1/vectors/upsert"]
+    body = server.bodies[0]
+    assert body["index_name"] == "i" and body["index_key"] == "ab" * 32
+    assert body["items"][0] == {"id": "t0", "contents": TEXTS[0]}
+    assert body["items"][1] == {"id": "t1", "contents": TEXTS[1], "metadata": {"n": 1}}
+    assert all("vector" not in it for it in body["items"])
+    assert server.ids == ids
+
+
+def test_text_upsert_splits_by_encoded_size(server: FakeServer) -> None:
+    ids = [f"t{i}" for i in range(100)]
+    texts = [t * (1 + i % 7) for i, t in enumerate(TEXTS)]  # rows of different sizes
+    with client_for(server, max_request_bytes=2000) as c:
+        assert c.index("i", "ab" * 32).upsert(ids, contents=texts) == 100
+    assert len(server.paths) > 3 and set(server.paths) == {"/v1/vectors/upsert"}
+    assert max(server.sizes) <= 2000
+    sent = [it for b in server.bodies for it in b["items"]]
+    assert [it["id"] for it in sent] == ids and [it["contents"] for it in sent] == texts
+
+
+@pytest.mark.parametrize(("sizes", "limit"), [([], 10), ([3, 3, 3], 6), ([9, 1, 1, 20, 2], 10)])
+def test_pack_keeps_order_and_the_limit(sizes: list[int], limit: int) -> None:
+    parts = pack(sizes, limit)
+    assert [i for p in parts for i in range(p.start, p.stop)] == list(range(len(sizes)))
+    assert all(sum(sizes[p]) <= limit or p.stop - p.start == 1 for p in parts)
+    assert all(sum(sizes[a]) + sizes[b.start] > limit for a, b in itertools.pairwise(parts))
+
+
+def test_text_query_sends_query_contents_and_gives_flat_results(server: FakeServer) -> None:
+    ids = [f"t{i}" for i in range(30)]
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        idx.upsert(ids, contents=TEXTS[:30])
+        r = idx.query(contents=TEXTS[4], top_k=3, n_probes=2, filters={"n": {"$gt": 1}})
+    assert server.paths[-1] == "/v1/vectors/query"
+    assert server.bodies[-1] == {
+        "index_name": "i",
+        "index_key": "ab" * 32,
+        "query_contents": TEXTS[4],
+        "top_k": 3,
+        "n_probes": 2,
+        "filters": {"n": {"$gt": 1}},
+    }
+    assert r.ids.shape == (3,) and r.ids[0] == "t4" and list(r.counts) == [3]
+    assert r.distances is not None and r.distances.shape == (3,) and r.distances[0] == 0
+
+
+def test_async_text_query_and_upsert(server: FakeServer) -> None:
+    async def go() -> QueryResult:
+        transport = httpx.MockTransport(server)
+        async with AsyncClient("http://vv.test", "k", transport=transport) as c:
+            idx = c.index("i", "ab" * 32)
+            assert await idx.upsert(["a", "b"], contents=["fever", "cough"]) == 2
+            return await idx.query(contents="cough", top_k=2)
+
+    r = asyncio.run(go())
+    assert server.bodies[0]["items"] == [
+        {"id": "a", "contents": "fever"},
+        {"id": "b", "contents": "cough"},
+    ]
+    assert server.bodies[1]["query_contents"] == "cough" and "query_vectors" not in server.bodies[1]
+    assert list(r.ids) == ["b", "a"]
+
+
+def test_text_arguments_are_checked_before_sending(server: FakeServer) -> None:
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        with pytest.raises(ValueError, match="exactly one"):
+            idx.query(top_k=3)
+        with pytest.raises(ValueError, match="exactly one"):
+            idx.query(np.zeros(D_TEXT), contents="fever")
+        with pytest.raises(ValueError, match="binary"):
+            idx.query(contents="fever", binary=True)
+        with pytest.raises(TypeError, match="str"):
+            idx.query(contents=["fever", "cough"])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="contents"):
+            idx.upsert(["a"])
+        with pytest.raises(ValueError, match="'b' has neither"):
+            idx.upsert(["a", "b"], contents=["fever", None])
+        with pytest.raises(ValueError, match="binary"):
+            idx.upsert(["a"], contents=["fever"], binary=True)
+    assert server.paths == []
+
+
+# -- explicit keyword arguments of train and create_index ----------------------------------
+def test_train_sends_its_parameters_and_refuses_unknown_ones(server: FakeServer) -> None:
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        assert idx.train(n_lists=256, max_iters=5, tolerance=0.0) == "success"
+        assert idx.train() == "success"
+        with pytest.raises(TypeError, match="n_list"):
+            idx.train(n_list=256)  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            idx.train(256)  # type: ignore[misc]
+    assert server.paths == ["/v1/indexes/train"] * 2
+    ref = {"index_name": "i", "index_key": "ab" * 32}
+    assert server.bodies == [{**ref, "n_lists": 256, "max_iters": 5, "tolerance": 0.0}, ref]
+
+
+def test_create_index_sends_its_parameters_and_refuses_unknown_ones(server: FakeServer) -> None:
+    with client_for(server) as c:
+        c.create_index(
+            "docs",
+            "ab" * 32,
+            index_type="ivfpq",
+            dimension=384,
+            metric="cosine",
+            pq_dim=48,
+            pq_bits=8,
+            n_lists=64,
+            embedding_model="all-MiniLM-L6-v2",
+            n_shards=2,
+        )
+        with pytest.raises(TypeError, match="n_list"):
+            c.create_index("docs", "ab" * 32, n_list=64)  # type: ignore[call-arg]
+        c.create_index("half", "ab" * 32, index_type="ivf", sq_bits=16)
+        with pytest.raises(TypeError, match="type"):
+            c.create_index("docs", "ab" * 32, type="ivf")  # type: ignore[call-arg]
+    assert server.paths == ["/v1/indexes/create"] * 2
+    assert server.bodies[0] == {
+        "index_name": "docs",
+        "index_key": "ab" * 32,
+        "index_config": {
+            "type": "ivfpq",
+            "dimension": 384,
+            "pq_dim": 48,
+            "pq_bits": 8,
+            "n_lists": 64,
+        },
+        "metric": "cosine",
+        "embedding_model": "all-MiniLM-L6-v2",
+        "n_shards": 2,
+    }
+    assert server.bodies[1]["index_config"] == {"type": "ivf", "sq_bits": 16}
+
+
+def test_async_train_and_create_refuse_unknown_keywords(server: FakeServer) -> None:
+    async def go() -> None:
+        transport = httpx.MockTransport(server)
+        async with AsyncClient("http://vv.test", "k", transport=transport) as c:
+            idx = await c.create_index("t", "ab" * 32, embedding_model="all-MiniLM-L6-v2")
+            assert await idx.train(n_lists=8) == "success"
+            with pytest.raises(TypeError, match="n_list"):
+                await idx.train(n_list=8)  # type: ignore[call-arg]
+            with pytest.raises(TypeError, match="embeding_model"):
+                await c.create_index("t", "ab" * 32, embeding_model="x")  # type: ignore[call-arg]
+
+    asyncio.run(go())
+    assert server.paths == ["/v1/indexes/create", "/v1/indexes/train"]
+    assert server.bodies[0] == {
+        "index_name": "t",
+        "index_key": "ab" * 32,
+        "index_config": {},
+        "embedding_model": "all-MiniLM-L6-v2",
+    }
+    assert server.bodies[1]["n_lists"] == 8
