@@ -329,20 +329,27 @@ class Engine:
     async def fetch(
         self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> dict[str, dict[str, Any]]:
+        """The stored fields of ``ids`` that exist: id -> {id, vector?, contents?, metadata?}."""
         parts: list[Fetched] = await self.by_shard(cv, ids, "get", vectors, metadata, contents)
-        found: dict[str, dict[str, Any]] = {}
-        for part in parts:
-            for j, item_id in enumerate(part.ids):
-                entry: dict[str, Any] = {"id": item_id}
-                if part.vectors is not None:
-                    entry["vector"] = part.vectors[j]
-                if part.contents is not None:
-                    entry["contents"] = part.contents[j]
-                if part.metadata is not None:
-                    m = part.metadata[j]
-                    entry["metadata"] = orjson.Fragment(m) if m is not None else None
-                found[item_id] = entry
-        return found
+        if len(ids) <= INLINE_HASHES:
+            return entries(parts)
+        return await asyncio.to_thread(entries, parts)
+
+
+def entries(parts: Sequence[Fetched]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for j, item_id in enumerate(part.ids):
+            entry: dict[str, Any] = {"id": item_id}
+            if part.vectors is not None:
+                entry["vector"] = part.vectors[j]
+            if part.contents is not None:
+                entry["contents"] = part.contents[j]
+            if part.metadata is not None:
+                m = part.metadata[j]
+                entry["metadata"] = orjson.Fragment(m) if m is not None else None
+            found[item_id] = entry
+    return found
 
 
 # Ids hashed on the event loop at most: a hash costs ~0.5 us, so 100,000 ids would hold every

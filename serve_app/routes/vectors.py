@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -15,7 +17,15 @@ from actors.filters import parse_filter
 from serve_app import service, text
 from serve_app.engine import CachedView, Engine
 from serve_app.errors_doc import ERRORS
-from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
+from serve_app.http import (
+    JSON,
+    OPTIONS,
+    Route,
+    embedder_of,
+    engine_of,
+    require_api_key,
+    settings_of,
+)
 from serve_app.models import (
     DeleteRequest,
     DeleteResponse,
@@ -75,12 +85,20 @@ async def query(body: QueryRequest, request: Request) -> Response:
     return Response(answer, media_type="application/json")
 
 
+INLINE_RESULTS = 4096
+
+
 @router.post("/get", response_model=GetResponse)
-async def get(body: GetRequest, request: Request) -> JSON:
+async def get(body: GetRequest, request: Request) -> Response:
     engine: Engine = engine_of(request)
     service.Limits.of(settings_of(request)).check_ids(body.ids)
     cv = await engine.view(body.index_name, body.index_key)
-    return JSON({"results": await fetch(engine, cv, body.ids, body.include)})
+    results = await fetch(engine, cv, body.ids, body.include)
+    if len(results) <= INLINE_RESULTS:
+        return JSON({"results": results})
+    # Many items encode in a worker thread, leaving the event loop its turns of the GIL.
+    answer = await asyncio.to_thread(orjson.dumps, {"results": results}, option=OPTIONS)
+    return Response(answer, media_type="application/json")
 
 
 async def fetch(
