@@ -373,7 +373,7 @@ def running_service(keep: bool = False, **overrides: Any) -> Iterator[Service]:
 
     from actors.control import NAMESPACE
     from cluster import runtime
-    from cluster.settings import Settings
+    from serve_app.settings import Settings
 
     if ray.is_initialized():
         raise RuntimeError("Ray is already running in this process")

@@ -10,7 +10,7 @@ from typing import Any
 
 from actors.store import redact_url
 from cluster.bulk_cli import add_commands
-from cluster.settings import Settings
+from serve_app.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ import ray
 from ray import serve
 
 from actors.control import NAMESPACE
-from cluster.settings import Settings
+from serve_app.app import build_app
+from serve_app.settings import Settings
 
 APP_NAME = "vaultvec"
 KEY_FILE = "api-key"
@@ -54,8 +55,6 @@ def joins_cluster(settings: Settings) -> bool:
 
 def start(settings: Settings) -> str:
     """Start (or join) Ray, start Serve on host:port, deploy the app; returns the base URL."""
-    from serve_app.app import build_app
-
     if not ray.is_initialized():
         address = settings.ray_address or os.environ.get("RAY_ADDRESS")
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)

@@ -13,7 +13,6 @@ from ray import serve
 
 from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
-from cluster.settings import Settings
 from serve_app import __version__, arrays, docs, errors
 from serve_app.embedder import Embedder
 from serve_app.engine import Engine
@@ -21,6 +20,7 @@ from serve_app.http import ApiKeyGate, configure_replica
 from serve_app.models import ErrorResponse
 from serve_app.routes import arrays as array_routes
 from serve_app.routes import health, indexes, vectors
+from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.app")
 
@@ -71,7 +71,11 @@ def control_plane(settings: Settings) -> Any:
     return actor.remote(settings.engine_options())
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+# Resources as Settings' defaults; build_app applies the configured ones.
+@serve.deployment(
+    ray_actor_options={"num_cpus": Settings.model_fields["gateway_num_cpus"].default},
+    max_ongoing_requests=Settings.model_fields["gateway_max_ongoing_requests"].default,
+)
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:

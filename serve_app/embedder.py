@@ -28,6 +28,7 @@ from ray import serve
 
 from actors.errors import InternalError, InvalidRequest
 from serve_app.coalesce import Coalescer
+from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.embedder")
 T = TypeVar("T")
@@ -205,7 +206,10 @@ class ModelRegistry:
         return np.ascontiguousarray(out, dtype=np.float32).reshape(len(texts), -1)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=256)
+@serve.deployment(
+    ray_actor_options={"num_cpus": Settings.model_fields["embedder_num_cpus"].default},
+    max_ongoing_requests=256,
+)
 class Embedder:
     """Serve deployment that embeds text for the gateway.
 
@@ -216,8 +220,6 @@ class Embedder:
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from cluster.settings import Settings
-
         s = Settings(**settings)
         self.registry = ModelRegistry(
             s.embedding_models, threads=s.embedder_threads, batch_size=s.embedder_encode_batch

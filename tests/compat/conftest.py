@@ -19,7 +19,7 @@ from tests.integration.conftest import API_KEY, Service, free_port
 @pytest.fixture(scope="package")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     from cluster import runtime
-    from cluster.settings import Settings
+    from serve_app.settings import Settings
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     storage = tmp_path_factory.mktemp("compat-store")

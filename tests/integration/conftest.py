@@ -35,7 +35,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     from cluster import runtime
-    from cluster.settings import Settings
+    from serve_app.settings import Settings
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     storage = tmp_path_factory.mktemp("store")

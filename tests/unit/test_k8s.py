@@ -308,7 +308,7 @@ def model_fields(model: Any) -> set[str]:
 def test_serve_config_passes_ray_serve_schema(overlay: str) -> None:
     from ray.serve.schema import HTTPOptionsSchema, ServeApplicationSchema, ServeDeploySchema
 
-    from cluster.settings import Settings
+    from serve_app.settings import Settings
 
     config = serve_config(overlay)
     ServeDeploySchema.model_validate(config)

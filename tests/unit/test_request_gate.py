@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -16,6 +15,7 @@ import pytest
 
 from serve_app import http
 from serve_app.app import create_app
+from serve_app.settings import Settings
 
 KEYS = ["first-key", "second-key"]
 JSON = "application/json"
@@ -25,7 +25,7 @@ FORM = "application/x-www-form-urlencoded"
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
     saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
-    http.configure_replica(SimpleNamespace(api_key=KEYS, max_body_bytes=1 << 20), None)
+    http.configure_replica(Settings(api_key=KEYS, max_body_bytes=1 << 20), None)
     yield create_app()
     http.configure_replica(*saved)
 

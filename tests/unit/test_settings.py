@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cluster import cli, runtime
-from cluster.settings import Settings
+from serve_app.settings import Settings
 
 
 def test_api_keys_come_from_a_file_one_per_line_or_comma_separated(tmp_path: Path) -> None:
@@ -65,3 +65,20 @@ def test_serve_warns_that_api_key_on_the_command_line_is_visible(
     assert started[0].api_key == ["k1", "k2"]
     err = capsys.readouterr().err
     assert "process list" in err and "--api-key-file" in err
+
+
+def test_engine_options_carry_every_setting_of_the_same_name(tmp_path: Path) -> None:
+    from dataclasses import fields
+
+    from actors.control import EngineOptions
+
+    s = Settings(storage=f"file://{tmp_path}", shard_threads=3, max_indexes=7, idle_ttl_s=9.0)
+    options = s.engine_options()
+    assert options.store_url == f"file://{tmp_path}"
+    assert (options.shard_threads, options.max_indexes, options.idle_ttl_s) == (3, 7, 9.0)
+    shared = [f.name for f in fields(EngineOptions) if f.name in Settings.model_fields]
+    assert len(shared) >= 10
+    assert all(getattr(options, name) == getattr(s, name) for name in shared)
+    # The defaults are the engine's own, written once.
+    default = EngineOptions(store_url="")
+    assert all(getattr(Settings(), name) == getattr(default, name) for name in shared)

@@ -1,4 +1,5 @@
-"""Service settings: environment variables ``VAULTVEC_*`` (or CLI flags that set them).
+"""Service settings, owned by the HTTP side (the runtime and CLI hand them down): environment
+variables ``VAULTVEC_*`` (or CLI flags that set them).
 
 Secrets are never defaulted: API keys come from ``VAULTVEC_API_KEY`` (comma-separated for
 several keys), from the file ``VAULTVEC_API_KEY_FILE`` names, or, when none is configured, from a
@@ -8,6 +9,7 @@ key generated on first start and kept in the data directory (see ``cluster.runti
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +17,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from actors.control import EngineOptions
+
+# The engine's defaults: the settings that configure it take theirs from here (written once).
+ENGINE = EngineOptions(store_url="")
 
 
 class Settings(BaseSettings):
@@ -46,17 +51,23 @@ class Settings(BaseSettings):
     gateway_threads: int = Field(
         0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
     )
-    shard_num_cpus: float = Field(0.05, ge=0, description="CPU reserved per shard actor")
-    shard_threads: int = Field(1, ge=1, description="faiss threads per shard")
+    shard_num_cpus: float = Field(
+        ENGINE.shard_num_cpus, ge=0, description="CPU reserved per shard actor"
+    )
+    shard_threads: int = Field(ENGINE.shard_threads, ge=1, description="faiss threads per shard")
     control_num_cpus: float = 0.1
-    train_threads: int = Field(0, ge=0, description="faiss threads for training; 0 = all cores")
+    train_threads: int = Field(
+        ENGINE.train_threads, ge=0, description="faiss threads for training; 0 = all cores"
+    )
 
-    auto_train_threshold: int = Field(10_000, ge=1)
-    retrain_factor: float = Field(4.0, gt=1)
-    recall_target: float = Field(0.95, gt=0, le=1)
-    train_wait_s: float = 600.0
-    wal_max_records: int = Field(256, ge=1)
-    idle_ttl_s: float = Field(0.0, ge=0, description="evict idle unlocked shards; 0 = never")
+    auto_train_threshold: int = Field(ENGINE.auto_train_threshold, ge=1)
+    retrain_factor: float = Field(ENGINE.retrain_factor, gt=1)
+    recall_target: float = Field(ENGINE.recall_target, gt=0, le=1)
+    train_wait_s: float = Field(ENGINE.train_wait_s, gt=0)
+    wal_max_records: int = Field(ENGINE.wal_max_records, ge=1)
+    idle_ttl_s: float = Field(
+        ENGINE.idle_ttl_s, ge=0, description="evict idle unlocked shards; 0 = never"
+    )
 
     max_top_k: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(256 << 20, ge=1024)
@@ -75,7 +86,7 @@ class Settings(BaseSettings):
     max_metadata_bytes: int = Field(65_536, ge=2, description="one item's metadata as JSON")
     max_metadata_depth: int = Field(32, ge=1, description="nesting levels of one item's metadata")
     max_contents_bytes: int = Field(1 << 20, ge=1, description="one item's contents, UTF-8")
-    max_indexes: int = Field(1000, ge=1, description="indexes the service holds")
+    max_indexes: int = Field(ENGINE.max_indexes, ge=1, description="indexes the service holds")
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 
@@ -144,16 +155,7 @@ class Settings(BaseSettings):
         return value
 
     def engine_options(self) -> EngineOptions:
-        return EngineOptions(
-            store_url=self.storage,
-            shard_num_cpus=self.shard_num_cpus,
-            shard_threads=self.shard_threads,
-            wal_max_records=self.wal_max_records,
-            auto_train_threshold=self.auto_train_threshold,
-            retrain_factor=self.retrain_factor,
-            recall_target=self.recall_target,
-            idle_ttl_s=self.idle_ttl_s,
-            train_wait_s=self.train_wait_s,
-            train_threads=self.train_threads,
-            max_indexes=self.max_indexes,
-        )
+        """The engine's options: every EngineOptions field this class also has, by name."""
+        own = type(self).model_fields
+        shared = {f.name: getattr(self, f.name) for f in fields(EngineOptions) if f.name in own}
+        return EngineOptions(**shared, store_url=self.storage)
