@@ -9,8 +9,6 @@ bytes, row-major, with its ``[rows, dimension]`` shape or its dimension alone.
 from __future__ import annotations
 
 import binascii
-import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +17,15 @@ import numpy as np
 import orjson
 import pybase64
 
-from actors.errors import InternalError, InvalidRequest, Unavailable, VaultvecError
+from actors.errors import InvalidRequest
 from actors.strings import StringBlock
 from serve_app import service
-from serve_app.engine import SHARD_ERRORS, Engine, retry_stale, unwrap
+from serve_app.engine import Engine, retry_stale
+from serve_app.errors import api_error
 from serve_app.http import REPLICA
 from serve_app.results import filled
 from serve_app.vectors import as_matrix, to_api_distance
 
-log = logging.getLogger("vaultvec.errors")
 F32 = np.dtype("<f4")
 
 
@@ -166,19 +164,11 @@ def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
 # -- the Ray transport: Gateway methods called through a DeploymentHandle -------------------
 async def _guarded(run: Callable[[], Awaitable[Any]]) -> Any:
     """Run a request as the HTTP routes do: once more if the index was re-created meanwhile;
-    errors mapped alike (VaultvecError kept, shard outage -> 503, anything else -> a scrubbed
-    500 with a request id, logged here)."""
+    errors mapped by the same function (serve_app.errors.api_error)."""
     try:
         return await retry_stale(run)
     except Exception as exc:
-        cause = unwrap(exc)
-        if isinstance(cause, VaultvecError):
-            raise cause from None
-        if isinstance(exc, SHARD_ERRORS):
-            raise Unavailable("a shard of this index is unavailable; retry later") from None
-        request_id = uuid.uuid4().hex[:12]
-        log.exception("internal error (request %s): %s", request_id, type(cause).__name__)
-        raise InternalError(f"{InternalError.default_detail} (request id {request_id})") from None
+        raise api_error(exc) from None
 
 
 def _handle_matrix(value: Any, field: str) -> np.ndarray:

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from actors.errors import InternalError, VaultvecError
+from actors.errors import InternalError, Unavailable, VaultvecError
 from serve_app.engine import SHARD_ERRORS, unwrap
 
 log = logging.getLogger("vaultvec.errors")
@@ -81,11 +81,19 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
-        cause = unwrap(exc)
-        if isinstance(cause, VaultvecError):
-            return error_response(cause.status_code, cause.detail, cause.errors)
-        if isinstance(exc, SHARD_ERRORS):
-            return error_response(503, "a shard of this index is unavailable; retry later")
-        request_id = uuid.uuid4().hex[:12]
-        log.exception("internal error (request %s): %s", request_id, type(cause).__name__)
-        return error_response(500, f"{InternalError.default_detail} (request id {request_id})")
+        err = api_error(exc)
+        return error_response(err.status_code, err.detail, err.errors)
+
+
+def api_error(exc: BaseException) -> VaultvecError:
+    """Any exception as the API error every transport answers with: a VaultvecError (also one
+    a shard raised) as it is, a shard outage as 503, anything else as a scrubbed 500 whose
+    request id is logged here with the exception."""
+    cause = unwrap(exc)
+    if isinstance(cause, VaultvecError):
+        return cause
+    if isinstance(exc, SHARD_ERRORS):
+        return Unavailable("a shard of this index is unavailable; retry later")
+    request_id = uuid.uuid4().hex[:12]
+    log.error("internal error (request %s): %s", request_id, type(cause).__name__, exc_info=exc)
+    return InternalError(f"{InternalError.default_detail} (request id {request_id})")
