@@ -4,24 +4,20 @@ Two defaults of glibc hurt a shard or a gateway replica:
 
 - **One malloc arena per thread.** Ray runs a shard's calls on a pool of threads; with the
   default dynamic mmap threshold, the large blocks an ingest frees stayed resident in the
-  threads' arenas: 2,898 resident bytes per item after ingesting 30,000 items of 128 floats
-  on 16 threads (tests/unit/test_heap.py).
+  threads' arenas, several times the data's own size (tests/unit/test_heap.py).
 - **Large blocks from mmap.** Pinning the mmap threshold at glibc's initial 128 KiB bounded
-  that growth (865), but then every request's multi-megabyte buffers (a 10,000-query batch:
-  5 MB of queries, their reordered copy, results, the merge's offsets) were fresh mappings,
-  and each of their pages faulted in on first touch. On this VM that made the gateway's merge
-  of 10,000 results 3.7x slower (14.2 ms against 3.8) and a 10,000-query request over the
-  binary route 214 ms instead of 159 (with glibc's defaults).
+  that growth, but then every request's multi-megabyte buffers (a 10,000-query batch: 5 MB of
+  queries, their reordered copy, results, the merge's offsets) were fresh mappings, and each
+  of their pages faulted in on first touch: the gateway's merge of a large batch took several
+  times as long, and large requests were slower end to end.
 
 :func:`configure` (and :data:`ENV`, the same settings for a process's environment) keeps one
 arena, so memory freed by one thread is reused by the next, and fixes the mmap threshold at
 16 MiB: request-sized buffers are recycled inside the heap, only larger ones (snapshot frames,
-the longest inverted lists) are mapped and unmapped. Measured with the test_heap scripts
-(bytes per item, pinned at 128 KiB -> now, the latter with actors.idmap's id map, which saves
-about 100 bytes per item over a dict): 865 -> 725-778 after ingest, 645 -> 665 loaded fresh
-(now measured after trimming what the ingested shard freed, which a load could reuse), 948 ->
-780 after two trainings. What a burst of frees leaves inside the heap (a training rebuild
-replaces every inverted list; loading replays the WAL) is given back by :func:`trim`.
+the longest inverted lists) are mapped and unmapped. What a burst of frees leaves inside the
+heap (a training rebuild replaces every inverted list; loading replays the WAL) is given back
+by :func:`trim`. The measured figures behind these settings are in docs/performance.md
+(measurements behind design choices).
 """
 
 from __future__ import annotations
@@ -41,9 +37,9 @@ ARENA_MAX = 1
 TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above it at the heap top is returned
 # A gateway holds no data, only requests in flight: free memory at the top of its heap is kept
 # up to this much (fixed, like the mmap threshold, once that is set), so the next request's
-# buffers reuse resident pages instead of faulting them in again. Measured on a 1,000-query
-# JSON batch: the gateway's CPU 31 -> 27 ms per request, its system time 7 -> 3 ms. Shards
-# keep the default: what they keep resident is their memory budget.
+# buffers reuse resident pages instead of faulting them in again (less CPU and system time
+# per request; docs/performance.md). Shards keep the default: what they keep resident is
+# their memory budget.
 GATEWAY_TRIM_THRESHOLD = 64 << 20
 # The same settings as environment variables, read by glibc when the process starts (before
 # any thread has made an arena): for the runtime_env of the Ray actors that hold data. The trim

@@ -128,8 +128,8 @@ class Gateway:
 
 
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise
-# spin between parallel regions and take the cores from the shards (measured: a 1,000-query
-# coarse step took 24 ms instead of 7 ms on 2 busy cores). Read when faiss loads, hence set
+# spin between parallel regions and take the cores from the shards (a batch's coarse step
+# several times slower on busy cores; docs/performance.md). Read when faiss loads, hence set
 # in the replica's environment rather than in __init__; so are glibc's (actors.heap).
 GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.GATEWAY_ENV}}
 

@@ -32,7 +32,7 @@ IndexKey = Annotated[
 Vector = list[float]
 Matrix = list[list[float]]
 # One vector or a list of them; tried left to right, a matrix fails the first form at its first
-# element, so it is validated once (1.5 ms for 1,000 x 128 numbers).
+# element, so it is validated once.
 Vectors = Annotated[Vector | Matrix, Field(union_mode="left_to_right")]
 
 
