@@ -29,7 +29,8 @@ def create_app() -> FastAPI:
     app = FastAPI(
         title="vaultvec",
         version=__version__,
-        description="Encrypted vector-index service (CyborgDB v0.12-0.14 compatible API). "
+        description="Encrypted vector-index service, a drop-in for CyborgDB's service (SDKs "
+        "0.11–0.18). "
         "Every route but /v1/health needs the X-API-Key header.",
         responses={422: {"model": ErrorResponse, "description": "Invalid parameters"}},
         docs_url=None,  # served by docs.install from local assets
