@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from actors.store import redact_url
-from cluster.bulk_cli import add_commands
+from cluster.bulk.cli import add_commands
 from serve_app.settings import Settings
 
 

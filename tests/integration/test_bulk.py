@@ -19,10 +19,9 @@ import orjson
 import pytest
 
 from cluster import bulk
-from cluster.bulk_io import Batch, write_fvecs
-from cluster.calls import QueryResult
-from cluster.client import Client, generate_key
-from cluster.errors import AuthenticationError, IndexNotFoundError, InvalidRequestError
+from cluster.bulk.files import Batch, write_fvecs
+from cluster.client import Client, QueryResult, generate_key
+from cluster.client.errors import AuthenticationError, IndexNotFoundError, InvalidRequestError
 from tests.conftest import clustered
 from tests.integration.conftest import API_KEY, Service
 from tests.integration.support import unique_name

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cluster.client import AsyncClient, Client, generate_key
-from cluster.errors import (
+from cluster.client.errors import (
     AuthenticationError,
     IndexExistsError,
     IndexNotFoundError,

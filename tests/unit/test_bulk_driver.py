@@ -12,10 +12,11 @@ import numpy as np
 import orjson
 import pytest
 
-from cluster import bulk, transports
-from cluster.bulk_io import Batch, Source, write_fvecs
-from cluster.calls import QueryResult
-from cluster.errors import InvalidRequestError
+from cluster import bulk
+from cluster.bulk import transports
+from cluster.bulk.files import Batch, Source, write_fvecs
+from cluster.client import QueryResult
+from cluster.client.errors import InvalidRequestError
 
 
 class FakeTransport:
@@ -320,7 +321,7 @@ def test_ray_transport_decodes_and_maps_errors(monkeypatch: pytest.MonkeyPatch) 
 
     from actors.errors import IndexNotFound, Unavailable
     from cluster.client import Retry
-    from cluster.errors import IndexNotFoundError, UnavailableError
+    from cluster.client.errors import IndexNotFoundError, UnavailableError
 
     monkeypatch.setattr(transports, "apause", _no_sleep)
     answer = {

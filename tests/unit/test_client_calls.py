@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 import pytest
 
-from cluster.calls import QueryResult, chunks, pack
-from cluster.client import AsyncClient, Client, generate_key
+from cluster.client import AsyncClient, Client, QueryResult, generate_key
+from cluster.client.calls import chunks, pack
 
 D_TEXT = 8  # the fake server's embedding dimension
 
@@ -231,7 +231,7 @@ def test_vectors_must_be_one_or_two_dimensional(server: FakeServer) -> None:
 
 
 def test_duplicate_ids_across_split_requests_are_refused(server: FakeServer) -> None:
-    from cluster.errors import InvalidRequestError
+    from cluster.client.errors import InvalidRequestError
 
     ids, x = data(200)
     ids[150] = ids[3]

@@ -10,9 +10,9 @@ import httpx
 import orjson
 import pytest
 
-from cluster import client as client_mod
 from cluster.client import AsyncClient, Client, Retry
-from cluster.errors import (
+from cluster.client import clients as client_mod
+from cluster.client.errors import (
     AuthenticationError,
     ConnectionFailedError,
     IndexExistsError,

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 import pybase64
 
-from cluster.errors import InvalidRequestError
+from cluster.client.errors import InvalidRequestError
 
 T = TypeVar("T")
 F32 = np.dtype("<f4")

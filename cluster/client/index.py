@@ -1,6 +1,6 @@
 """Index handles of the Python client: ``Index`` (sync) and ``AsyncIndex`` (asyncio).
 
-Both build the same request plans (cluster.calls); ``Index`` runs them on a ``Client``,
+Both build the same request plans (cluster.client.calls); ``Index`` runs them on a ``Client``,
 ``AsyncIndex`` awaits them on an ``AsyncClient``.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from cluster import calls
-from cluster.calls import Call, Plan, QueryResult
+from cluster.client import calls
+from cluster.client.calls import Call, Plan, QueryResult
 
 if TYPE_CHECKING:
-    from cluster.client import AsyncClient, Client
+    from cluster.client.clients import AsyncClient, Client
 
 
 class _IndexPlans:

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from cluster import bulk
-from cluster.bulk import DEFAULT_BATCH, DEFAULT_CONCURRENCY
+from cluster.bulk import driver as bulk
+from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY
 
 EPILOG = """\
 transports: http (default; the Python client: the compact array routes, base64 float32, for

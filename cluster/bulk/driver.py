@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from cluster.bulk_io import (
+from cluster.bulk.files import (
     OUTPUT_SUFFIXES,
     Batch,
     JsonlSink,
@@ -34,8 +34,8 @@ from cluster.bulk_io import (
     atomic_write,
     suffix_of,
 )
-from cluster.calls import QueryResult
-from cluster.transports import HttpTransport, QueryOptions, RayTransport, Transport
+from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
+from cluster.client.calls import QueryResult
 
 __all__ = [
     "HttpTransport",

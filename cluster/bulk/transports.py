@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from cluster.bulk_io import Batch
-from cluster.calls import QueryResult, scatter
-from cluster.client import AsyncClient, Retry, apause
-from cluster.errors import ServerError, UnavailableError, from_server_exception
+from cluster.bulk.files import Batch
+from cluster.client.calls import QueryResult, scatter
+from cluster.client.clients import AsyncClient, Retry, apause
+from cluster.client.errors import ServerError, UnavailableError, from_server_exception
 
 
 class Transport(Protocol):

@@ -9,7 +9,7 @@
         hits = idx.query(contents="chest pain", top_k=5)  # text (embedding_model indexes)
 
 Connections are pooled (one httpx client per Client); bodies are orjson. Errors raise the typed
-exceptions of ``cluster.errors`` carrying the server's detail. Only 503 answers and connection
+exceptions of ``cluster.client.errors`` carrying the server's detail. Only 503 answers and connection
 failures are retried, with full-jitter exponential backoff.
 """
 
@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-from cluster import calls
-from cluster.calls import Call, Plan, QueryResult
-from cluster.errors import ConnectionFailedError, VaultvecClientError, error_for
-from cluster.index import AsyncIndex, Index
+from cluster.client import calls
+from cluster.client.calls import Call, Plan, QueryResult
+from cluster.client.errors import ConnectionFailedError, VaultvecClientError, error_for
+from cluster.client.index import AsyncIndex, Index
 
 __all__ = ["AsyncClient", "AsyncIndex", "Client", "Index", "QueryResult", "Retry", "generate_key"]
 

@@ -1,0 +1,30 @@
+"""The bulk driver (``vaultvec bulk-query``, ``vaultvec bulk-upsert``), built on cluster.client.
+
+Modules: ``driver`` (``bulk_query``, ``bulk_upsert``), ``transports`` (``HttpTransport``,
+``RayTransport``), ``files`` (input and output formats), ``cli`` (the subcommands).
+"""
+
+from cluster.bulk.driver import (
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
+    Report,
+    bulk_query,
+    bulk_upsert,
+    exit_code,
+    run_interruptible,
+)
+from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_CONCURRENCY",
+    "HttpTransport",
+    "QueryOptions",
+    "RayTransport",
+    "Report",
+    "Transport",
+    "bulk_query",
+    "bulk_upsert",
+    "exit_code",
+    "run_interruptible",
+]

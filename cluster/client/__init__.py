@@ -1,0 +1,18 @@
+"""The Python SDK of the vaultvec HTTP API; it imports nothing of the server.
+
+    from cluster.client import Client, generate_key
+
+    with Client("http://127.0.0.1:8000", api_key) as vv:
+        idx = vv.create_index("docs", generate_key(), dimension=128)
+        idx.upsert(ids, vectors)
+        res = idx.query(queries, top_k=10)
+
+Modules: ``clients`` (``Client``, ``AsyncClient``), ``index`` (``Index``, ``AsyncIndex``),
+``calls`` (requests and answers, without I/O), ``errors`` (typed exceptions).
+"""
+
+from cluster.client.calls import QueryResult
+from cluster.client.clients import AsyncClient, Client, Retry, generate_key
+from cluster.client.index import AsyncIndex, Index
+
+__all__ = ["AsyncClient", "AsyncIndex", "Client", "Index", "QueryResult", "Retry", "generate_key"]
