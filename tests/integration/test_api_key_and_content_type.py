@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.conftest import API_KEY, Service
+from tests.integration.conftest import API_KEY, BODY_IDLE_TIMEOUT_S, Service
 from tests.integration.support import error
 
 MAX_BODY = 8 << 20  # the service fixture's max_body_bytes
@@ -114,17 +114,22 @@ def test_unauthenticated_body_is_never_waited_for(service, declared):
 
 
 def test_authenticated_partial_body_is_still_read(service):
-    """Control for the test above: with the right key the route does wait for the body."""
+    """Control for the test above: with the right key the route does wait for the body, for
+    as long as the body-read deadline allows, then answers 408."""
     url = urlsplit(service.url)
     request = (
         f"POST /v1/vectors/upsert HTTP/1.1\r\nHost: {url.netloc}\r\n"
         f"Content-Type: application/json\r\nContent-Length: 1000\r\n"
         f"X-API-Key: {API_KEY}\r\n\r\n"
     ).encode()
-    with socket.create_connection((url.hostname, url.port), timeout=3) as sock:
+    with socket.create_connection((url.hostname, url.port)) as sock:
         sock.sendall(request + b'{"index_name":')
+        sock.settimeout(BODY_IDLE_TIMEOUT_S / 2)
         with pytest.raises(socket.timeout):
             sock.recv(65536)
+        sock.settimeout(BODY_IDLE_TIMEOUT_S + 20)
+        status = sock.recv(65536).split(b"\r\n", 1)[0]
+    assert status.split()[1] == b"408", status
 
 
 @pytest.mark.parametrize("path", ["/openapi.json", "/v1/openapi.json"])
