@@ -35,7 +35,7 @@ from cluster.bulk.files import (
     suffix_of,
 )
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
-from cluster.client.calls import QueryResult
+from cluster.client import QueryResult
 
 __all__ = [
     "HttpTransport",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from cluster.client.calls import QueryResult
+from cluster.client import QueryResult
 
 INPUT_SUFFIXES = (".npy", ".fvecs", ".jsonl", ".tsv")
 OUTPUT_SUFFIXES = (".npy", ".jsonl")

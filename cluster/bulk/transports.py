@@ -15,9 +15,10 @@ import numpy as np
 import orjson
 
 from cluster.bulk.files import Batch
-from cluster.client.calls import QueryResult, scatter
-from cluster.client.clients import AsyncClient, Retry, apause
+from cluster.client import AsyncClient, QueryResult, Retry
 from cluster.client.errors import ServerError, UnavailableError, from_server_exception
+from cluster.client.results import scatter
+from cluster.client.retry import apause
 
 
 class Transport(Protocol):

@@ -7,12 +7,14 @@
         idx.upsert(ids, vectors)
         res = idx.query(queries, top_k=10)
 
-Modules: ``clients`` (``Client``, ``AsyncClient``), ``index`` (``Index``, ``AsyncIndex``),
-``calls`` (requests and answers, without I/O), ``errors`` (typed exceptions).
+Modules: ``clients`` (``Client``, ``AsyncClient``), ``index`` (``Index``, ``AsyncIndex`` and
+the ``Runner`` protocols they run on), ``calls`` (requests, without I/O), ``results``
+(``QueryResult`` and answer decoding), ``retry`` (``Retry``), ``errors`` (typed exceptions).
 """
 
-from cluster.client.calls import QueryResult
-from cluster.client.clients import AsyncClient, Client, Retry, generate_key
+from cluster.client.clients import AsyncClient, Client, generate_key
 from cluster.client.index import AsyncIndex, Index
+from cluster.client.results import QueryResult
+from cluster.client.retry import Retry
 
 __all__ = ["AsyncClient", "AsyncIndex", "Client", "Index", "QueryResult", "Retry", "generate_key"]

@@ -1,11 +1,12 @@
-"""The client's requests and response decoding, without I/O (shared by Client and AsyncClient).
+"""The client's requests, without I/O (shared by Client and AsyncClient).
 
 Each operation becomes a ``Plan``: the HTTP calls to make (one, or several for a batch larger
 than one request may carry) and how to combine their decoded answers. Batches of at least
 ``binary_threshold`` vectors go to vaultvec's compact array routes (``/v1/vectors/query_arrays``,
 ``/v1/vectors/upsert_arrays``: base64 little-endian float32 in, a counts array + flat ids +
 base64 distances out); smaller ones, text queries and items without vectors (embedded on the
-server by the index's ``embedding_model``) to the JSON routes.
+server by the index's ``embedding_model``) to the JSON routes. Answers are decoded by
+cluster.client.results.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import orjson
 import pybase64
 
 from cluster.client.errors import InvalidRequestError
+from cluster.client.results import (
+    F32,
+    QueryResult,
+    concat,
+    decode_arrays_query,
+    json_query_decoder,
+    trim_single,
+)
 
 T = TypeVar("T")
-F32 = np.dtype("<f4")
 DEFAULT_TOP_K = 100  # the server's default, for padding JSON answers
 QUERY = "/v1/vectors/query"
 QUERY_ARRAYS = "/v1/vectors/query_arrays"
@@ -46,25 +54,6 @@ class Plan(Generic[T]):
 
 def single(call: Call) -> Plan[Any]:
     return Plan([call], lambda parts: parts[0])
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    """Nearest neighbours as arrays, ascending distance.
-
-    A batch (2-D input) gives ``ids`` (nq, k) object and ``distances`` (nq, k) float32 where
-    row q holds ``counts[q]`` results then padding (id None, distance +inf); ``metadata``
-    (nq, k) object of dicts when asked for. A single query (1-D input) gives 1-D arrays of
-    exactly its results.
-    """
-
-    ids: np.ndarray
-    distances: np.ndarray | None
-    counts: np.ndarray
-    metadata: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 # -- encoding -------------------------------------------------------------------------------
@@ -156,7 +145,7 @@ def query(
             qv = q[0].tolist() if single_row else q.tolist()
             body = {**index, "query_vectors": qv, **params}
             k = top_k if top_k is not None else DEFAULT_TOP_K
-            decode = _json_query_decoder(len(q), k, single_row)
+            decode = json_query_decoder(len(q), k, single_row)
             calls.append(Call(QUERY, body, decode=decode))
 
     def combine(results: list[QueryResult]) -> QueryResult:
@@ -180,94 +169,8 @@ def query_text(
         raise ValueError("a text query has no compact array form: binary=True does not apply")
     k = top_k if top_k is not None else DEFAULT_TOP_K
     body = {**index, "query_contents": contents, **params}
-    call = Call(QUERY, body, decode=_json_query_decoder(1, k, single_row=True))
+    call = Call(QUERY, body, decode=json_query_decoder(1, k, single_row=True))
     return Plan([call], lambda parts: trim_single(parts[0]))
-
-
-def decode_arrays_query(body: dict[str, Any]) -> QueryResult:
-    nq, k = int(body["nq"]), int(body["top_k"])
-    counts = np.asarray(body["counts"], dtype=np.int64)
-    dist = None
-    if body.get("distances") is not None:
-        raw = pybase64.b64decode(body["distances"])
-        dist = np.frombuffer(raw, dtype=F32).reshape(nq, k)
-    meta = body.get("metadata")
-    return QueryResult(
-        scatter(body["ids"], counts, k),
-        dist,
-        counts,
-        None if meta is None else scatter(meta, counts, k),
-    )
-
-
-def scatter(flat: list[Any], counts: np.ndarray, k: int) -> np.ndarray:
-    """Flat per-query results -> (nq, k) object array padded with None."""
-    nq = len(counts)
-    out = np.empty((nq, k), dtype=object)
-    if nq and int(counts.min()) == k:
-        out.ravel()[:] = flat
-    else:
-        out[np.arange(k)[None, :] < counts[:, None]] = flat
-    return out
-
-
-def _json_query_decoder(nq: int, k: int, single_row: bool) -> Callable[[Any], QueryResult]:
-    def decode(body: dict[str, Any]) -> QueryResult:
-        rows = [body["results"]] if single_row else body["results"]
-        width = max([k, *(len(r) for r in rows)])
-        ids = np.empty((nq, width), dtype=object)
-        dist = np.full((nq, width), np.inf, dtype=np.float32)
-        meta = np.empty((nq, width), dtype=object)
-        has_dist = has_meta = False
-        counts = np.zeros(nq, dtype=np.int64)
-        for q, row in enumerate(rows):
-            counts[q] = len(row)
-            for j, entry in enumerate(row):
-                ids[q, j] = entry["id"]
-                if "distance" in entry:
-                    dist[q, j] = entry["distance"]
-                    has_dist = True
-                if "metadata" in entry:
-                    meta[q, j] = entry["metadata"]
-                    has_meta = True
-        return QueryResult(ids, dist if has_dist else None, counts, meta if has_meta else None)
-
-    return decode
-
-
-def concat(results: Sequence[QueryResult]) -> QueryResult:
-    width = max(r.ids.shape[1] for r in results)
-
-    def pad(a: np.ndarray, fill: Any) -> np.ndarray:
-        if a.shape[1] == width:
-            return a
-        out = np.full((a.shape[0], width), fill, dtype=a.dtype)
-        out[:, : a.shape[1]] = a
-        return out
-
-    def cat(arrays: list[np.ndarray | None], fill: Any) -> np.ndarray | None:
-        if any(a is None for a in arrays):
-            return None
-        return np.concatenate([pad(a, fill) for a in arrays if a is not None])
-
-    ids = cat([r.ids for r in results], None)
-    assert ids is not None
-    return QueryResult(
-        ids,
-        cat([r.distances for r in results], np.inf),
-        np.concatenate([r.counts for r in results]),
-        cat([r.metadata for r in results], None),
-    )
-
-
-def trim_single(r: QueryResult) -> QueryResult:
-    n = int(r.counts[0])
-    return QueryResult(
-        r.ids[0, :n],
-        None if r.distances is None else r.distances[0, :n],
-        r.counts,
-        None if r.metadata is None else r.metadata[0, :n],
-    )
 
 
 # -- upserts --------------------------------------------------------------------------------

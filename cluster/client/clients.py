@@ -9,28 +9,25 @@
         hits = idx.query(contents="chest pain", top_k=5)  # text (embedding_model indexes)
 
 Connections are pooled (one httpx client per Client); bodies are orjson. Errors raise the typed
-exceptions of ``cluster.client.errors`` carrying the server's detail. Only 503 answers and connection
-failures are retried, with full-jitter exponential backoff.
+exceptions of ``cluster.client.errors`` carrying the server's detail. Only 503 answers and
+connection failures are retried, with full-jitter exponential backoff (``Retry``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import secrets
-import time
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 import orjson
 
-from cluster.client import calls
-from cluster.client.calls import Call, Plan, QueryResult
+from cluster.client.calls import Call, Plan, drop_none
 from cluster.client.errors import ConnectionFailedError, VaultvecClientError, error_for
 from cluster.client.index import AsyncIndex, Index
+from cluster.client.retry import Retry, apause, pause
 
-__all__ = ["AsyncClient", "AsyncIndex", "Client", "Index", "QueryResult", "Retry", "generate_key"]
+__all__ = ["AsyncClient", "Client", "create_call", "generate_key"]
 
 T = TypeVar("T")
 RETRY_EXCEPTIONS = (
@@ -43,37 +40,9 @@ RETRY_EXCEPTIONS = (
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def pause(seconds: float) -> None:
-    """The sync client's backoff wait (a seam for tests)."""
-    time.sleep(seconds)
-
-
-async def apause(seconds: float) -> None:
-    """The async client's backoff wait (a seam for tests)."""
-    await asyncio.sleep(seconds)
-
-
 def generate_key() -> str:
     """A fresh random 32-byte index key as 64 hex characters. Keep it: it is never stored."""
     return secrets.token_hex(32)
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Retries for 503 answers and connection failures only: ``attempts`` tries in all, waiting
-    a uniformly random time in [0, min(max_backoff_s, backoff_s * 2**n)] before retry n+1
-    (full jitter), at least a 503's Retry-After when it gives one (capped at max_backoff_s)."""
-
-    attempts: int = 5
-    backoff_s: float = 0.2
-    max_backoff_s: float = 10.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        cap = min(self.max_backoff_s, self.backoff_s * (2**attempt))
-        wait = random.uniform(0, cap)
-        if retry_after is not None:
-            wait = max(wait, min(retry_after, self.max_backoff_s))
-        return wait
 
 
 class _Base:
@@ -345,7 +314,7 @@ def create_call(
     n_shards: int | None = None,
 ) -> Call:
     """The create request: the index's shape in ``index_config``, the rest top-level."""
-    config = calls.drop_none(
+    config = drop_none(
         type=index_type,
         dimension=dimension,
         pq_dim=pq_dim,
@@ -354,5 +323,5 @@ def create_call(
         n_lists=n_lists,
     )
     body: dict[str, Any] = {"index_name": name, "index_key": key, "index_config": config}
-    body.update(calls.drop_none(metric=metric, embedding_model=embedding_model, n_shards=n_shards))
+    body.update(drop_none(metric=metric, embedding_model=embedding_model, n_shards=n_shards))
     return Call("/v1/indexes/create", body)

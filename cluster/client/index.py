@@ -1,28 +1,56 @@
 """Index handles of the Python client: ``Index`` (sync) and ``AsyncIndex`` (asyncio).
 
-Both build the same request plans (cluster.client.calls); ``Index`` runs them on a ``Client``,
-``AsyncIndex`` awaits them on an ``AsyncClient``.
+Both build the same request plans (cluster.client.calls); ``Index`` runs them on a ``Runner``
+(``Client`` is one), ``AsyncIndex`` awaits them on an ``AsyncRunner`` (``AsyncClient``). The
+protocols are all a handle knows of its client, so this module does not import the clients.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from cluster.client import calls
-from cluster.client.calls import Call, Plan, QueryResult
+import cluster.client.calls as calls
+from cluster.client.calls import Call, Plan
+from cluster.client.results import QueryResult
 
-if TYPE_CHECKING:
-    from cluster.client.clients import AsyncClient, Client
+T = TypeVar("T")
 
 
-class _IndexPlans:
+class Limits(Protocol):
+    """The two client settings that shape a plan."""
+
+    @property
+    def binary_threshold(self) -> int: ...
+
+    @property
+    def max_request_bytes(self) -> int: ...
+
+
+class Runner(Limits, Protocol):
+    """What an ``Index`` needs of its client (``Client``): one call, or a plan of calls."""
+
+    def call(self, call: Call) -> Any: ...
+
+    def run(self, plan: Plan[T]) -> T: ...
+
+
+class AsyncRunner(Limits, Protocol):
+    """What an ``AsyncIndex`` needs of its client (``AsyncClient``): ``Runner``, awaitable."""
+
+    async def call(self, call: Call) -> Any: ...
+
+    async def run(self, plan: Plan[T]) -> T: ...
+
+
+R = TypeVar("R", bound=Limits)
+
+
+class _IndexPlans(Generic[R]):
     """What an index handle sends; ``Index`` runs the plans synchronously, ``AsyncIndex``
     awaits them."""
 
-    client: Client | AsyncClient
-
-    def __init__(self, client: Any, name: str, key: str) -> None:
+    def __init__(self, client: R, name: str, key: str) -> None:
         self.client = client
         self.name = name
         self.key = key
@@ -81,9 +109,7 @@ class _IndexPlans:
         return Call(f"/v1/{route}", {**self._ref, **calls.drop_none(**fields)})
 
 
-class Index(_IndexPlans):
-    client: Client
-
+class Index(_IndexPlans[Runner]):
     def upsert(
         self,
         ids: Sequence[Any],
@@ -162,9 +188,7 @@ class Index(_IndexPlans):
         self.client.call(self._call("indexes/delete"))
 
 
-class AsyncIndex(_IndexPlans):
-    client: AsyncClient
-
+class AsyncIndex(_IndexPlans[AsyncRunner]):
     async def upsert(
         self,
         ids: Sequence[Any],
