@@ -1,18 +1,14 @@
 """The bulk driver (``vaultvec bulk-query``, ``vaultvec bulk-upsert``), built on cluster.client.
 
 Modules: ``driver`` (``bulk_query``, ``bulk_upsert``), ``transports`` (``HttpTransport``,
-``RayTransport``), ``files`` (input and output formats), ``cli`` (the subcommands).
+``RayTransport``), ``pipeline`` (batches in flight, committed in order; Ctrl-C handling),
+``progress`` (the progress file, ``Report``), ``files`` (input and output formats), ``cli``
+(the subcommands).
 """
 
-from cluster.bulk.driver import (
-    DEFAULT_BATCH,
-    DEFAULT_CONCURRENCY,
-    Report,
-    bulk_query,
-    bulk_upsert,
-    exit_code,
-    run_interruptible,
-)
+from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY, bulk_query, bulk_upsert
+from cluster.bulk.pipeline import exit_code, run_interruptible
+from cluster.bulk.progress import Report
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
 
 __all__ = [

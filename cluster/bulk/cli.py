@@ -1,4 +1,4 @@
-"""``vaultvec bulk-query`` and ``vaultvec bulk-upsert``: argument parsing around cluster.bulk."""
+"""``vaultvec bulk-query`` and ``vaultvec bulk-upsert``: argument parsing around the driver."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any
 
 import orjson
 
-from cluster.bulk import driver as bulk
-from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY
+from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY, bulk_query, bulk_upsert
+from cluster.bulk.pipeline import exit_code, run_interruptible
+from cluster.bulk.progress import Report
+from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport
 
 EPILOG = """\
 transports: http (default; the Python client: the compact array routes, base64 float32, for
@@ -113,12 +115,12 @@ def _transport(args: argparse.Namespace) -> Any:
         raise SystemExit("no index key: pass --index-key or set VAULTVEC_INDEX_KEY")
     if args.transport == "ray":
         address = args.ray_address or os.environ.get("RAY_ADDRESS")
-        return bulk.RayTransport.connect(address, args.index, key)
+        return RayTransport.connect(address, args.index, key)
     api_key = args.api_key or os.environ.get("VAULTVEC_API_KEY")
     if not api_key:
         raise SystemExit("no API key: pass --api-key or set VAULTVEC_API_KEY")
     url = args.url or os.environ.get("VAULTVEC_URL") or "http://127.0.0.1:8000"
-    return bulk.HttpTransport(
+    return HttpTransport(
         url,
         api_key.split(",")[0].strip(),
         args.index,
@@ -128,16 +130,16 @@ def _transport(args: argparse.Namespace) -> Any:
     )
 
 
-def _finish(report: bulk.Report) -> int:
+def _finish(report: Report) -> int:
     for note in report.notes:
         print(note, file=sys.stderr)
     print(report.summary(), file=sys.stderr, flush=True)
-    return bulk.exit_code(report)
+    return exit_code(report)
 
 
 def _bulk_query(args: argparse.Namespace) -> int:
     include = ("distance", "metadata") if args.metadata else ("distance",)
-    options = bulk.QueryOptions(
+    options = QueryOptions(
         top_k=args.top_k,
         n_probes=args.n_probes,
         filters=orjson.loads(args.filters) if args.filters else None,
@@ -146,7 +148,7 @@ def _bulk_query(args: argparse.Namespace) -> int:
     )
     return _run(
         _transport(args),
-        lambda transport, stop: bulk.bulk_query(
+        lambda transport, stop: bulk_query(
             args.input,
             args.output,
             transport,
@@ -167,7 +169,7 @@ def _bulk_query(args: argparse.Namespace) -> int:
 def _bulk_upsert(args: argparse.Namespace) -> int:
     return _run(
         _transport(args),
-        lambda transport, stop: bulk.bulk_upsert(
+        lambda transport, stop: bulk_upsert(
             args.input,
             transport,
             index=args.index,
@@ -183,17 +185,17 @@ def _bulk_upsert(args: argparse.Namespace) -> int:
     )
 
 
-def _run(transport: Any, start: Callable[[Any, Any], Awaitable[bulk.Report]]) -> int:
+def _run(transport: Any, start: Callable[[Any, Any], Awaitable[Report]]) -> int:
     """Run ``start(transport, stop)`` interruptibly, closing the transport at the end."""
 
-    async def job(stop: Any) -> bulk.Report:
+    async def job(stop: Any) -> Report:
         try:
             return await start(transport, stop)
         finally:
             await transport.close()
 
     try:
-        report = bulk.run_interruptible(job)
+        report = run_interruptible(job)
     except (ValueError, FileExistsError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

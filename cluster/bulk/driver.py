@@ -12,41 +12,19 @@ Either way the driver prints exactly which rows were written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from cluster.bulk.files import (
-    OUTPUT_SUFFIXES,
-    Batch,
-    JsonlSink,
-    NpySink,
-    Source,
-    atomic_write,
-    suffix_of,
-)
-from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
+from cluster.bulk.files import OUTPUT_SUFFIXES, Batch, JsonlSink, NpySink, Source, suffix_of
+from cluster.bulk.pipeline import run_batches
+from cluster.bulk.progress import Progress, Report
+from cluster.bulk.transports import QueryOptions, Transport
 from cluster.client import QueryResult
 
-__all__ = [
-    "HttpTransport",
-    "QueryOptions",
-    "RayTransport",
-    "Report",
-    "Transport",
-    "bulk_query",
-    "bulk_upsert",
-    "run_interruptible",
-]
+__all__ = ["DEFAULT_BATCH", "DEFAULT_CONCURRENCY", "bulk_query", "bulk_upsert"]
 
 FLUSH_EVERY_S = 10.0
 # Vectors per batch. Larger batches amortise the per-call cost and let the shards scan in
@@ -55,192 +33,6 @@ FLUSH_EVERY_S = 10.0
 # 5,000 -> 10,000 per batch took binary HTTP from 38k to 43k QPS and Ray from 46k to 55k.
 DEFAULT_BATCH = 10_000
 DEFAULT_CONCURRENCY = 2
-
-
-# -- progress file --------------------------------------------------------------------------
-class Progress:
-    """The sidecar ``*.progress.json``: what the job is and how far it got (atomic rewrites)."""
-
-    def __init__(self, path: Path, job: dict[str, Any]) -> None:
-        self.path = path
-        self.job = job
-
-    def load(self) -> dict[str, Any] | None:
-        if not self.path.exists():
-            return None
-        state = orjson.loads(self.path.read_bytes())
-        if state.get("job") != self.job:
-            diff = sorted(
-                k
-                for k in set(self.job) | set(state.get("job", {}))
-                if self.job.get(k) != state.get("job", {}).get(k)
-            )
-            raise ValueError(
-                f"{self.path} belongs to a different job (differs in: {', '.join(diff)}); "
-                "re-run with the same options to resume, or pass --restart to start over"
-            )
-        return dict(state)
-
-    def save(self, done: dict[str, Any], complete: bool = False) -> None:
-        state = {"job": self.job, "done": done, "complete": complete, "saved": time.time()}
-        atomic_write(self.path, orjson.dumps(state, option=orjson.OPT_INDENT_2))
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-# -- reports --------------------------------------------------------------------------------
-@dataclass
-class Report:
-    kind: str  # "query" or "upsert"
-    rows_total: int
-    rows_done: int = 0  # a prefix of the input, written (query) or acknowledged (upsert)
-    batches_done: int = 0
-    batch_size: int = 0
-    resumed_from: int = 0
-    complete: bool = False
-    interrupted: bool = False
-    error: BaseException | None = None
-    where: str = ""
-    progress_file: str = ""
-    seconds: float = 0.0
-    extra_acknowledged: int = 0  # upsert rows acknowledged beyond the recorded prefix
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.complete and self.error is None
-
-    def summary(self) -> str:
-        unit = "queries" if self.kind == "query" else "vectors"
-        new = self.rows_done - self.resumed_from
-        rate = new / self.seconds if self.seconds > 0 else 0.0
-        timing = f"{new:,} {unit} in {self.seconds:.1f}s ({rate:,.0f}/s)"
-        if self.complete:
-            start = f" (resumed at row {self.resumed_from:,})" if self.resumed_from else ""
-            return f"done: all {self.rows_total:,} {unit} -> {self.where}{start}; {timing}"
-        written = "written" if self.kind == "query" else "acknowledged"
-        if self.rows_done:
-            rows = f"rows 0-{self.rows_done - 1:,} ({self.batches_done:,} batches of {self.batch_size:,}) are {written}"
-        else:
-            rows = f"no rows are {written}"
-        why = "interrupted" if self.error is None else f"stopped by an error: {self.error}"
-        lines = [
-            f"{why}",
-            f"{rows} of {self.rows_total:,}: {self.where}; recorded in {self.progress_file}",
-        ]
-        if self.extra_acknowledged:
-            lines.append(
-                f"{self.extra_acknowledged:,} more rows of later batches were acknowledged too; "
-                "a resumed run sends them again (upserts replace by id, so this is safe)"
-            )
-        lines.append(f"re-run the same command to resume at row {self.rows_done:,}; {timing}")
-        return "\n".join(lines)
-
-
-# -- the pipeline ---------------------------------------------------------------------------
-async def pipeline(
-    batches: Iterator[Batch],
-    work: Callable[[Batch], Awaitable[Any]],
-    commit: Callable[[Batch, Any], None],
-    concurrency: int,
-    stop: asyncio.Event,
-    on_done: Callable[[Batch], None],
-) -> tuple[BaseException | None, bool, int]:
-    """Run ``work`` on batches ``concurrency`` at a time; ``commit`` them in order.
-
-    Returns (first error, aborted by cancellation, rows completed but not committed)."""
-    window = max(1, concurrency) * 4
-    in_flight: dict[asyncio.Task[Any], Batch] = {}
-    ready: dict[int, tuple[Batch, Any]] = {}
-    next_no: int | None = None
-    error: BaseException | None = None
-    error_no = 0
-    exhausted = False
-    try:
-        while True:
-            while (
-                not exhausted
-                and error is None
-                and not stop.is_set()
-                and len(in_flight) < concurrency
-            ):
-                if next_no is not None and len(ready) + len(in_flight) >= window:
-                    break
-                try:
-                    batch = next(batches, None)
-                except ValueError as bad:  # unreadable input: stop there, keep what is done
-                    error, error_no, exhausted = bad, 1 << 62, True
-                    break
-                if batch is None:
-                    exhausted = True
-                    break
-                if next_no is None:
-                    next_no = batch.no
-                in_flight[asyncio.ensure_future(work(batch))] = batch
-            if not in_flight:
-                break
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                batch = in_flight.pop(task)
-                failed = task.exception()
-                if failed is not None:
-                    if error is None or batch.no < error_no:  # the earliest failing batch
-                        error, error_no = failed, batch.no
-                    continue
-                ready[batch.no] = (batch, task.result())
-                on_done(batch)
-            while next_no is not None and next_no in ready:
-                commit(*ready.pop(next_no))
-                next_no += 1
-        return error, False, sum(len(b.vectors) for b, _ in ready.values())
-    except asyncio.CancelledError:
-        for task in in_flight:
-            task.cancel()
-        await asyncio.gather(*in_flight, return_exceptions=True)
-        while next_no is not None and next_no in ready:
-            commit(*ready.pop(next_no))
-            next_no += 1
-        return error, True, sum(len(b.vectors) for b, _ in ready.values())
-
-
-async def run_batches(
-    source: Source,
-    batch_size: int,
-    rows_before: int,
-    work: Callable[[Batch], Awaitable[Any]],
-    commit: Callable[[Batch, Any], None],
-    concurrency: int,
-    stop: asyncio.Event,
-    *,
-    unit: str,
-    show_progress: bool,
-) -> tuple[BaseException | None, bool, int]:
-    """:func:`pipeline` over ``source`` from row ``rows_before`` on, with a progress bar
-    (rate and ETA) on stderr."""
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=source.rows,
-        initial=rows_before,
-        unit=unit,
-        unit_scale=True,
-        smoothing=0.05,
-        dynamic_ncols=True,
-        disable=not show_progress,
-        file=sys.stderr,
-    )
-    try:
-        return await pipeline(
-            source.batches(batch_size, rows_before // batch_size),
-            work,
-            commit,
-            concurrency,
-            stop,
-            lambda b: bar.update(len(b.vectors)),
-        )
-    finally:
-        bar.close()
 
 
 # -- bulk query -----------------------------------------------------------------------------
@@ -433,48 +225,3 @@ def job_of(
         "params": params,
         **more,
     }
-
-
-# -- running from the command line ----------------------------------------------------------
-def run_interruptible(make: Callable[[asyncio.Event], Awaitable[Report]]) -> Report:
-    """Run a bulk job with Ctrl-C handling: the first SIGINT/SIGTERM stops new batches and
-    lets the ones in flight finish; a second SIGINT aborts them."""
-
-    async def main() -> Report:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        task = asyncio.current_task()
-        assert task is not None
-        job = asyncio.ensure_future(make(stop))
-        hits = 0
-
-        def on_signal() -> None:
-            nonlocal hits
-            hits += 1
-            if hits == 1:
-                stop.set()
-                print(
-                    "\ninterrupt: finishing the batches in flight (Ctrl-C again to abort them)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                job.cancel()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, on_signal)
-        try:
-            return await job
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(sig)
-
-    return asyncio.run(main())
-
-
-def exit_code(report: Report) -> int:
-    if report.ok:
-        return 0
-    return 1 if report.error is not None else 130
