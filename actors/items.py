@@ -64,8 +64,8 @@ class ItemTable:
 
     def order(self, labels: np.ndarray, path: str, ascending: bool) -> list[tuple[Any, str]]:
         """``(sort key, id)`` of ``labels`` ordered by the metadata value at dot ``path``, in
-        MongoDB's order: missing and null, then numbers, strings, objects and arrays (by their
-        JSON), booleans; descending reverses it. Ties go by id."""
+        MongoDB's type order: missing and null, then numbers, strings, objects, arrays,
+        booleans; descending reverses it. Ties go by id."""
         ids = self.ids_of(labels)
         keys = [sort_key(self.metadata[label], path) for label in labels.tolist()]
         pairs = sorted(zip(keys, ids), reverse=not ascending)
@@ -191,9 +191,11 @@ def sort_key(blob: bytes | None, path: str) -> tuple[int, Any]:
     if value is None:
         return (0, 0)
     if isinstance(value, bool):
-        return (4, int(value))
+        return (5, int(value))
     if isinstance(value, (int, float)):
         return (1, value)
     if isinstance(value, str):
         return (2, value)
-    return (3, orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    # Objects before arrays, as MongoDB orders them; within each, by their JSON text (MongoDB
+    # compares an array by its elements).
+    return (3 if isinstance(value, dict) else 4, orjson.dumps(value, option=orjson.OPT_SORT_KEYS))

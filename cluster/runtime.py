@@ -34,7 +34,10 @@ def ensure_api_key(settings: Settings) -> tuple[Settings, str | None]:
         return settings, None
     data_dir = local_data_dir(settings)
     if data_dir is None:
-        raise SystemExit("no API key configured: set VAULTVEC_API_KEY or pass --api-key")
+        raise SystemExit(
+            "no API key configured: set VAULTVEC_API_KEY or VAULTVEC_API_KEY_FILE, or pass "
+            "--api-key-file"
+        )
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = data_dir / KEY_FILE
     created = None

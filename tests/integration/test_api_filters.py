@@ -173,8 +173,10 @@ def test_query_metadata_orders_by_a_field_as_mongodb_sorts(dataset, path, ascend
         if v is None:
             return (0, 0)
         if isinstance(v, bool):
-            return (4, v)
-        return (1, v) if isinstance(v, (int, float)) else (2, v) if isinstance(v, str) else (3, 0)
+            return (5, v)
+        if isinstance(v, (int, float)):
+            return (1, v)
+        return (2, v) if isinstance(v, str) else (3, 0) if isinstance(v, dict) else (4, 0)
 
     body = ok(
         idx.post(
