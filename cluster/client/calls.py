@@ -4,9 +4,10 @@ Each operation becomes a ``Plan``: the HTTP calls to make (one, or several for a
 than one request may carry) and how to combine their decoded answers. Batches of at least
 ``binary_threshold`` vectors go to vaultvec's compact array routes (``/v1/vectors/query_arrays``,
 ``/v1/vectors/upsert_arrays``: base64 little-endian float32 in, a counts array + flat ids +
-base64 distances out); smaller ones, text queries and items without vectors (embedded on the
-server by the index's ``embedding_model``) to the JSON routes. Answers are decoded by
-cluster.client.results.
+base64 distances out); smaller ones, text queries, queries whose ``include`` asks for
+``vector`` or ``contents`` (which only the JSON answer carries) and items without vectors
+(embedded on the server by the index's ``embedding_model``) to the JSON routes. Answers are
+decoded by cluster.client.results.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pybase64
 from cluster.client.errors import InvalidRequestError
 from cluster.client.results import (
     F32,
+    JSON_ONLY_FIELDS,
     QueryResult,
     concat,
     decode_arrays_query,
@@ -130,10 +132,20 @@ def query(
     if (vectors is None) == (contents is None):
         raise ValueError("give exactly one of vectors and contents")
     params = drop_none(top_k=top_k, **options)
+    include = params.get("include")
+    json_only = sorted(JSON_ONLY_FIELDS.intersection(include or ()))
+    if binary and json_only:
+        raise ValueError(
+            f"the compact array route cannot return {' or '.join(json_only)}: "
+            "binary=True does not apply"
+        )
     if contents is not None:
         return query_text(index, contents, top_k, params, binary)
     x, single_row = as_f32_matrix(vectors)
-    use_binary = binary if binary is not None else len(x) >= binary_threshold
+    if json_only:
+        use_binary = False
+    else:
+        use_binary = binary if binary is not None else len(x) >= binary_threshold
     parts = chunks(len(x), rows_per_request(x.shape[1], max_request_bytes, use_binary))
     calls = []
     for part in parts:
@@ -145,7 +157,7 @@ def query(
             qv = q[0].tolist() if single_row else q.tolist()
             body = {**index, "query_vectors": qv, **params}
             k = top_k if top_k is not None else DEFAULT_TOP_K
-            decode = json_query_decoder(len(q), k, single_row)
+            decode = json_query_decoder(len(q), k, single_row, include)
             calls.append(Call(QUERY, body, decode=decode))
 
     def combine(results: list[QueryResult]) -> QueryResult:
@@ -169,7 +181,8 @@ def query_text(
         raise ValueError("a text query has no compact array form: binary=True does not apply")
     k = top_k if top_k is not None else DEFAULT_TOP_K
     body = {**index, "query_contents": contents, **params}
-    call = Call(QUERY, body, decode=json_query_decoder(1, k, single_row=True))
+    decode = json_query_decoder(1, k, single_row=True, include=params.get("include"))
+    call = Call(QUERY, body, decode=decode)
     return Plan([call], lambda parts: trim_single(parts[0]))
 
 

@@ -139,7 +139,9 @@ class Index(_IndexPlans[Runner]):
     ) -> QueryResult:
         """Nearest neighbours of one vector (1-D), a batch (2-D) or, with ``contents``, of one
         text embedded on the server (flat results, as for a 1-D vector): exactly one of
-        ``vectors`` and ``contents``. See ``QueryResult``."""
+        ``vectors`` and ``contents``. ``include`` picks among distance, metadata (the default
+        pair), vector and contents; asking for vector or contents sends the query to the JSON
+        route, the only one that returns them. See ``QueryResult``."""
         return self.client.run(
             self._query(
                 vectors,

@@ -11,6 +11,8 @@ import numpy as np
 import pybase64
 
 F32 = np.dtype("<f4")
+# What only the JSON route returns: a query whose include asks for one of these goes there.
+JSON_ONLY_FIELDS = frozenset({"vector", "contents"})
 
 
 @dataclass(frozen=True)
@@ -21,12 +23,19 @@ class QueryResult:
     row q holds ``counts[q]`` results then padding (id None, distance +inf); ``metadata``
     (nq, k) object of dicts when asked for. A single query (1-D input) gives 1-D arrays of
     exactly its results.
+
+    When ``include`` asks for them (always None otherwise), ``vectors`` is an object array of
+    the same shape holding each result's stored vector as a float32 array (None for padding,
+    and on ivf/ivfpq indexes, which keep no original vectors) and ``contents`` one holding
+    each result's contents (None for padding and items without contents).
     """
 
     ids: np.ndarray
     distances: np.ndarray | None
     counts: np.ndarray
     metadata: np.ndarray | None = None
+    vectors: np.ndarray | None = None
+    contents: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -59,13 +68,22 @@ def scatter(flat: list[Any], counts: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def json_query_decoder(nq: int, k: int, single_row: bool) -> Callable[[Any], QueryResult]:
+def json_query_decoder(
+    nq: int, k: int, single_row: bool, include: Sequence[str] | None = None
+) -> Callable[[Any], QueryResult]:
+    """The JSON route's answer -> padded arrays; ``vectors`` and ``contents`` are filled when
+    ``include`` asks for them."""
+    want_vectors = include is not None and "vector" in include
+    want_contents = include is not None and "contents" in include
+
     def decode(body: dict[str, Any]) -> QueryResult:
         rows = [body["results"]] if single_row else body["results"]
         width = max([k, *(len(r) for r in rows)])
         ids = np.empty((nq, width), dtype=object)
         dist = np.full((nq, width), np.inf, dtype=np.float32)
         meta = np.empty((nq, width), dtype=object)
+        vecs = np.empty((nq, width), dtype=object) if want_vectors else None
+        texts = np.empty((nq, width), dtype=object) if want_contents else None
         has_dist = has_meta = False
         counts = np.zeros(nq, dtype=np.int64)
         for q, row in enumerate(rows):
@@ -78,7 +96,18 @@ def json_query_decoder(nq: int, k: int, single_row: bool) -> Callable[[Any], Que
                 if "metadata" in entry:
                     meta[q, j] = entry["metadata"]
                     has_meta = True
-        return QueryResult(ids, dist if has_dist else None, counts, meta if has_meta else None)
+                if vecs is not None and entry.get("vector") is not None:
+                    vecs[q, j] = np.asarray(entry["vector"], dtype=np.float32)
+                if texts is not None:
+                    texts[q, j] = entry.get("contents")
+        return QueryResult(
+            ids,
+            dist if has_dist else None,
+            counts,
+            meta if has_meta else None,
+            vecs,
+            texts,
+        )
 
     return decode
 
@@ -105,6 +134,8 @@ def concat(results: Sequence[QueryResult]) -> QueryResult:
         cat([r.distances for r in results], np.inf),
         np.concatenate([r.counts for r in results]),
         cat([r.metadata for r in results], None),
+        cat([r.vectors for r in results], None),
+        cat([r.contents for r in results], None),
     )
 
 
@@ -115,4 +146,6 @@ def trim_single(r: QueryResult) -> QueryResult:
         None if r.distances is None else r.distances[0, :n],
         r.counts,
         None if r.metadata is None else r.metadata[0, :n],
+        None if r.vectors is None else r.vectors[0, :n],
+        None if r.contents is None else r.contents[0, :n],
     )

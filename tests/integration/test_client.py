@@ -60,6 +60,16 @@ def test_index_lifecycle(vv: Client) -> None:
 
         one = idx.query(x[7], top_k=3, include=["distance"])
         assert one.ids.shape == (3,) and one.ids[0] == "i7" and one.metadata is None
+        # vector and contents: only the JSON answer has them, even for a batch of 64+
+        full = idx.query(x[:80], top_k=2, include=["distance", "vector", "contents"])
+        assert full.vectors is not None and full.contents is not None and full.metadata is None
+        assert full.vectors.shape == full.contents.shape == (80, 2)
+        for row, (hit, vec, text) in enumerate(
+            zip(full.ids[:, 0], full.vectors[:, 0], full.contents[:, 0])
+        ):
+            assert hit == ids[row] and text == contents[row]
+            np.testing.assert_array_equal(vec, x[row])
+        assert one.vectors is None and one.contents is None
 
         got = idx.get(["i3", "nope", "i1"])
         assert [g["id"] for g in got] == ["i3", "i1"]

@@ -34,6 +34,8 @@ class FakeServer:
         self.ids: list[str] = []
         self.x = np.zeros((0, 0), dtype=np.float32)
         self.meta: dict[str, Any] = {}
+        self.contents: dict[str, str | None] = {}
+        self.keeps_vectors = True  # False: like ivf/ivfpq, no vector in query answers
         self.paths: list[str] = []
         self.bodies: list[dict[str, Any]] = []
         self.sizes: list[int] = []
@@ -52,6 +54,7 @@ class FakeServer:
             self._add([it["id"] for it in items], np.array(vectors))
             for it in items:
                 self.meta[it["id"]] = it.get("metadata")
+                self.contents[it["id"]] = it.get("contents")
             return self._upserted(len(items))
         if path == "/v1/vectors/upsert_arrays":
             raw = base64.b64decode(body["vectors"], validate=True)
@@ -59,6 +62,8 @@ class FakeServer:
             self._add(body["ids"], x)
             for i, m in zip(body["ids"], body.get("metadata") or [None] * len(x)):
                 self.meta[i] = m
+            for i, c in zip(body["ids"], body.get("contents") or [None] * len(x)):
+                self.contents[i] = c
             return self._upserted(len(x))
         if path == "/v1/vectors/query":
             if ("query_vectors" in body) == ("query_contents" in body):
@@ -69,19 +74,15 @@ class FakeServer:
                 q = np.asarray(body["query_vectors"], dtype=np.float32)
             single = q.ndim == 1
             d, idx = self._search(np.atleast_2d(q), body.get("top_k") or 100)
+            include = body.get("include") or ()
             results = [
-                [
-                    {
-                        "id": self.ids[j],
-                        "distance": float(dd),
-                        "metadata": self.meta[self.ids[j]] or {},
-                    }
-                    for dd, j in zip(dr, ir)
-                ]
+                [self._hit(j, float(dd), include) for dd, j in zip(dr, ir)]
                 for dr, ir in zip(d, idx)
             ]
             return httpx.Response(200, json={"results": results[0] if single else results})
         if path == "/v1/vectors/query_arrays":
+            if set(body.get("include") or ()) - {"distance", "metadata"}:  # as the real schema
+                return httpx.Response(422, json={"status_code": 422, "detail": "include"})
             raw = base64.b64decode(body["query_vectors"], validate=True)
             q = np.frombuffer(raw, dtype="<f4").reshape(body["shape"])
             k = body.get("top_k") or 100
@@ -100,6 +101,16 @@ class FakeServer:
             }
             return httpx.Response(200, json=out)
         return httpx.Response(404, json={"status_code": 404, "detail": "no route"})
+
+    def _hit(self, j: int, distance: float, include: Any) -> dict[str, Any]:
+        """One JSON result; vector and contents only when asked for, as the real route."""
+        item_id = self.ids[j]
+        hit = {"id": item_id, "distance": distance, "metadata": self.meta[item_id] or {}}
+        if "vector" in include and self.keeps_vectors:
+            hit["vector"] = self.x[j].tolist()
+        if "contents" in include:
+            hit["contents"] = self.contents.get(item_id)
+        return hit
 
     def _add(self, ids: list[str], x: np.ndarray) -> None:
         self.ids += ids
@@ -405,3 +416,97 @@ def test_async_train_and_create_refuse_unknown_keywords(server: FakeServer) -> N
         "embedding_model": "all-MiniLM-L6-v2",
     }
     assert server.bodies[1]["n_lists"] == 8
+
+
+# -- vector and contents in query results ---------------------------------------------------
+def with_contents(server: FakeServer, n: int = 100) -> tuple[list[str], np.ndarray, list[Any]]:
+    """``n`` items in one upsert (the array route from 64), every third without contents."""
+    ids, x = data(n)
+    texts = [None if i % 3 == 0 else f"text {i}" for i in range(n)]
+    with client_for(server) as c:
+        c.index("i", "ab" * 32).upsert(ids, x, contents=texts)
+    assert len(server.paths) == 1
+    return ids, x, texts
+
+
+def test_query_results_carry_vector_and_contents_when_asked(server: FakeServer) -> None:
+    ids, x, texts = with_contents(server)
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        plain = idx.query(x[:80], top_k=4)  # 80 >= binary_threshold: the array route
+        r = idx.query(x[:80], top_k=4, include=["distance", "vector", "contents"])
+    assert server.paths[1:] == ["/v1/vectors/query_arrays", "/v1/vectors/query"]
+    assert server.bodies[-1]["include"] == ["distance", "vector", "contents"]
+    assert plain.vectors is None and plain.contents is None
+    assert r.vectors is not None and r.contents is not None
+    assert r.vectors.shape == r.contents.shape == r.ids.shape == (80, 4)
+    np.testing.assert_array_equal(r.ids, plain.ids)
+    for q in range(80):
+        for j, item_id in enumerate(r.ids[q]):
+            row = ids.index(item_id)
+            assert r.vectors[q, j].dtype == np.float32
+            np.testing.assert_array_equal(r.vectors[q, j], x[row])
+            assert r.contents[q, j] == texts[row]  # None for items stored without contents
+    assert r.contents[0, 0] is None and r.contents[1, 0] == "text 1"
+
+
+def test_single_and_text_queries_give_flat_vector_and_contents(server: FakeServer) -> None:
+    _, x, _ = with_contents(server, 10)
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        r = idx.query(x[2], top_k=3, include=["vector", "contents"])
+        t = idx.query(contents="fever", top_k=2, include=["contents"])
+    assert r.vectors is not None and r.contents is not None
+    assert r.ids.shape == r.vectors.shape == r.contents.shape == (3,)
+    assert r.ids[0] == "id-2" and r.contents[0] == "text 2"
+    np.testing.assert_array_equal(r.vectors[0], x[2])
+    assert t.vectors is None and t.contents is not None and t.contents.shape == (2,)
+    assert server.bodies[-1]["include"] == ["contents"]
+
+
+def test_padding_and_vectorless_indexes_leave_none(server: FakeServer) -> None:
+    _, x, _ = with_contents(server, 4)
+    server.keeps_vectors = False  # as ivf/ivfpq: the answer has no vector
+    with client_for(server) as c:
+        r = c.index("i", "ab" * 32).query(x[:2], top_k=6, include=["vector", "contents"])
+    assert r.vectors is not None and r.contents is not None  # asked for: always arrays
+    assert r.vectors.shape == (2, 6) and all(v is None for v in r.vectors.ravel())
+    assert list(r.counts) == [4, 4] and r.contents[0, 4] is None and r.contents[0, 5] is None
+
+
+def test_split_queries_reassemble_vector_and_contents(server: FakeServer) -> None:
+    ids, x, texts = with_contents(server, 300)
+    with client_for(server, max_request_bytes=8 * 20 * 40) as c:  # ~ 35 JSON rows per request
+        r = c.index("i", "ab" * 32).query(x, top_k=1, include=["vector", "contents"])
+    assert len(server.paths) > 5 and set(server.paths[1:]) == {"/v1/vectors/query"}
+    assert r.vectors is not None and r.contents is not None
+    assert list(r.ids[:, 0]) == ids and list(r.contents[:, 0]) == texts
+    np.testing.assert_array_equal(np.stack(r.vectors[:, 0]), x)
+
+
+def test_binary_with_vector_or_contents_is_refused_before_sending(server: FakeServer) -> None:
+    _, x = data(80)
+    with client_for(server) as c:
+        idx = c.index("i", "ab" * 32)
+        with pytest.raises(ValueError, match="cannot return vector"):
+            idx.query(x, top_k=3, include=["vector"], binary=True)
+        with pytest.raises(ValueError, match="cannot return contents"):
+            idx.query(x[0], top_k=3, include=["distance", "contents"], binary=True)
+    assert server.paths == []
+
+
+def test_async_query_carries_vector_and_contents(server: FakeServer) -> None:
+    _, x, texts = with_contents(server)
+
+    async def go() -> QueryResult:
+        transport = httpx.MockTransport(server)
+        async with AsyncClient("http://vv.test", "k", transport=transport) as c:
+            return await c.index("i", "ab" * 32).query(
+                x[:70], top_k=2, include=["vector", "contents"]
+            )
+
+    r = asyncio.run(go())
+    assert server.paths[-1] == "/v1/vectors/query"
+    assert r.vectors is not None and r.contents is not None
+    np.testing.assert_array_equal(np.stack(r.vectors[:, 0]), x[:70])
+    assert list(r.contents[:, 0]) == texts[:70]
