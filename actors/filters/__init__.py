@@ -1,14 +1,11 @@
-"""MongoDB-style metadata filters; the code lives in ``actors.filters.tree``."""
+"""MongoDB-style metadata filters, re-exported from two modules.
 
-from actors.filters.tree import (
-    And,
-    Cmp,
-    Exists,
-    FilterNode,
-    MetadataColumns,
-    Not,
-    Or,
-    parse_filter,
-)
+``tree``: the filter language and its matching rules (the module docstring), the typed filter tree
+and ``parse_filter``, which validates a filter object into it. ``columns``: ``MetadataColumns``,
+the columnar metadata store, and its vectorised evaluator of a tree to a numpy bool mask.
+"""
+
+from actors.filters.columns import MetadataColumns
+from actors.filters.tree import And, Cmp, Exists, FilterNode, Not, Or, parse_filter
 
 __all__ = ["And", "Cmp", "Exists", "FilterNode", "MetadataColumns", "Not", "Or", "parse_filter"]
