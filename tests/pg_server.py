@@ -17,11 +17,12 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from tests.helpers import free_port
 
 SERVER_USER = "postgres"
 _BINARIES = ("initdb", "pg_ctl", "postgres")
@@ -59,12 +60,6 @@ def find_bindir() -> Path | None:
         if all((directory / name).is_file() for name in _BINARIES):
             return directory
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:

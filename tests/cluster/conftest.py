@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.cluster.support import API_KEY, REPORT, RayCluster
-from tests.conftest import ray_tmpdir
+from tests.helpers import free_port, ray_tmpdir
 from tests.pg_server import PostgresServer
 
 SYSTEM_CONFIG = {
@@ -38,7 +38,6 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     from actors.control import NAMESPACE
     from cluster.runtime import APP_NAME, wait_healthy
     from serve_app.app import build_app
-    from tests.integration.conftest import free_port
 
     # Serve's proxy prefers replicas on its own node; the tests need both gateways to serve.
     # The variables are restored afterwards: the integration tests start a plain local Ray next.

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from actors.control import CONTROL_NAME
+from cluster.client import generate_key
 from tests.cluster.load import DIM, vector_of
-from tests.conftest import random_key
 from tests.integration.support import Index, ok, unique_name
 
 API_KEY = "cluster-api-key"
@@ -81,7 +81,7 @@ def index_id_of(name: str) -> str:
 
 def create(http: httpx.Client, *, n_shards: int | None = None, seed_items: int = 0) -> Index:
     """An index of DIM-dimensional items ``s0..s{n-1}`` (vectors from ``vector_of``)."""
-    idx = Index(http, unique_name("cl"), random_key())
+    idx = Index(http, unique_name("cl"), generate_key())
     body: dict[str, Any] = idx.body(index_config={"type": "ivfflat", "dimension": DIM})
     if n_shards is not None:
         body["n_shards"] = n_shards

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ray_tmpdir
-from tests.integration.conftest import API_KEY, Service, free_port
+from tests.helpers import free_port, ray_tmpdir
+from tests.integration.conftest import API_KEY, Service
 
 
 @pytest.fixture(scope="package")

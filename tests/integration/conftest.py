@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ray_tmpdir
+from tests.helpers import free_port, ray_tmpdir
 from tests.integration.support import Index, create_index
 
 API_KEY = "test-api-key"
@@ -24,12 +23,6 @@ BODY_IDLE_TIMEOUT_S = 2.0  # short, so the slow-client test cuts its clients off
 class Service:
     url: str
     storage: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

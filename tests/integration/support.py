@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.conftest import random_key
+from cluster.client import generate_key
 
 ERROR_KEYS = {"status_code", "detail", "errors"}
 
@@ -131,7 +131,7 @@ def create_index(
     metric: str | None = None,
     **config: Any,
 ) -> Index:
-    idx = Index(client, name or unique_name(), key or random_key())
+    idx = Index(client, name or unique_name(), key or generate_key())
     body: dict[str, Any] = idx.body()
     cfg = {"type": index_type, **config}
     if dimension is not None:
@@ -142,25 +142,6 @@ def create_index(
     created = ok(client.post("/v1/indexes/create", json=body))
     assert set(created) == {"status", "message"} and created["status"] == "success", created
     return idx
-
-
-# -- brute force ---------------------------------------------------------------------------
-def brute_force(
-    data: np.ndarray, queries: np.ndarray, k: int, metric: str = "euclidean"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact (distances, row numbers) in float64, ascending, with the API's metric definitions."""
-    x = data.astype(np.float64)
-    q = np.atleast_2d(queries).astype(np.float64)
-    if metric == "cosine":
-        xn = x / np.linalg.norm(x, axis=1, keepdims=True)
-        qn = q / np.linalg.norm(q, axis=1, keepdims=True)
-        d = 1.0 - qn @ xn.T
-    else:
-        d = ((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-        if metric == "euclidean":
-            d = np.sqrt(d)
-    order = np.argsort(d, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(d, order, axis=1), order
 
 
 def assert_neighbours(

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import random_key
+from cluster.client import generate_key
 from tests.integration.support import (
     Index,
     assert_secret_free,
@@ -86,7 +86,7 @@ def raw(idx: Index, route: str, body: str) -> httpx.Response:
 
 @pytest.mark.parametrize("route", INDEX_ROUTES)
 def test_wrong_index_key_is_401_without_leaking_keys(target, route):
-    wrong = random_key()
+    wrong = generate_key()
     r = target.client.post(
         f"/v1/{route}", json={"index_name": target.name, "index_key": wrong, **valid_fields(route)}
     )
@@ -100,7 +100,7 @@ def test_wrong_index_key_is_401_without_leaking_keys(target, route):
 @pytest.mark.parametrize("route", INDEX_ROUTES)
 def test_unknown_index_is_404(target, route):
     name = unique_name("missing")
-    key = random_key()
+    key = generate_key()
     r = target.client.post(
         f"/v1/{route}", json={"index_name": name, "index_key": key, **valid_fields(route)}
     )
@@ -110,7 +110,7 @@ def test_unknown_index_is_404(target, route):
 
 
 def test_duplicate_index_is_409_and_keeps_the_original(target):
-    other_key = random_key()
+    other_key = generate_key()
     r = target.client.post(
         "/v1/indexes/create",
         json={"index_name": target.name, "index_key": other_key, "index_config": {"type": "ivfpq"}},

@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 from tests.integration.support import (
     assert_ascending,
-    brute_force,
     create_index,
     error,
     ids_of,
@@ -130,7 +129,7 @@ def test_filter_matches_oracle(dataset, flt):
     assert_ascending(results)
     # Every match, nothing else, in exact distance order (the index is untrained: exact search).
     _, order = (
-        brute_force(vectors[expected], query, len(expected))
+        exact_knn(vectors[expected], query, len(expected))
         if expected
         else (None, np.zeros((1, 0), int))
     )
@@ -215,7 +214,7 @@ def test_filter_applies_to_every_query_of_a_batch(dataset):
     expected = [j for j in range(N) if matches(metadata[j], flt)]
     queries = vectors[[3, 500, 999]]
     results = idx.query(query_vectors=queries, top_k=15, filters=flt, include=["distance"])
-    _, order = brute_force(vectors[expected], queries, 15)
+    _, order = exact_knn(vectors[expected], queries, 15)
     assert [ids_of(res) for res in results] == [[ids[expected[i]] for i in row] for row in order]
 
 
@@ -254,6 +253,6 @@ def test_selective_filter_on_trained_index_still_fills_top_k(make_index):
         assert len(res) == 20 and set(ids_of(res)) <= rare_ids
     # Probing every list: the exact filtered answer.
     rare_rows = sorted(rare)
-    _, order = brute_force(data[rare_rows], queries, 20)
+    _, order = exact_knn(data[rare_rows], queries, 20)
     results = idx.query(query_vectors=queries, top_k=20, n_probes=40, filters={"rare": True})
     assert [ids_of(res) for res in results] == [[ids[rare_rows[i]] for i in row] for row in order]

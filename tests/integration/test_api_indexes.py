@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import random_key
+from cluster.client import generate_key
 from tests.integration.conftest import API_KEY, AUTO_TRAIN_THRESHOLD
 from tests.integration.support import create_index, error, ok, unique_name
 
@@ -43,7 +43,7 @@ def test_health_needs_no_api_key(service):
 def test_every_other_route_needs_a_valid_api_key(service, method, path, api_key):
     headers = {} if api_key is None else {"X-API-Key": api_key}
     # A well-formed body for an index that exists nowhere: auth must be checked first (not 404).
-    body = {"index_name": unique_name(), "index_key": random_key(), "ids": ["a"]}
+    body = {"index_name": unique_name(), "index_key": generate_key(), "ids": ["a"]}
     r = httpx.request(
         method, f"{service.url}{path}", headers=headers, json=body if method == "POST" else None
     )
@@ -59,7 +59,7 @@ def test_any_configured_api_key_is_accepted(service):
 
 
 def test_create_list_describe_delete_lifecycle(http):
-    name, key = unique_name(), random_key()
+    name, key = unique_name(), generate_key()
     body = {
         "index_name": name,
         "index_key": key,
@@ -74,7 +74,7 @@ def test_create_list_describe_delete_lifecycle(http):
         # The name is taken whatever key or config the second request brings.
         error(http.post("/v1/indexes/create", json=body), 409)
         error(
-            http.post("/v1/indexes/create", json={"index_name": name, "index_key": random_key()}),
+            http.post("/v1/indexes/create", json={"index_name": name, "index_key": generate_key()}),
             409,
         )
 
@@ -119,7 +119,7 @@ def test_create_list_describe_delete_lifecycle(http):
         error(http.post("/v1/vectors/query", json={**ident, "query_vectors": [1.0] * 8}), 404)
 
         # The name is free again: a new index under it starts empty, with a new key.
-        key2 = random_key()
+        key2 = generate_key()
         ok(http.post("/v1/indexes/create", json={"index_name": name, "index_key": key2}))
         key = key2
         ident = {"index_name": name, "index_key": key2}
@@ -136,7 +136,7 @@ def test_create_list_describe_delete_lifecycle(http):
 
 
 def test_create_with_explicit_nulls_uses_defaults(http):
-    name, key = unique_name(), random_key()
+    name, key = unique_name(), generate_key()
     body = {
         "index_name": name,
         "index_key": key,
@@ -191,7 +191,7 @@ def test_describe_reports_each_index_type(make_index, index_type):
 
 
 def test_metric_may_be_given_inside_index_config(http):
-    name, key = unique_name(), random_key()
+    name, key = unique_name(), generate_key()
     body = {
         "index_name": name,
         "index_key": key,
@@ -219,7 +219,7 @@ def test_invalid_index_config_is_422_and_creates_nothing(http, config):
     name = unique_name()
     r = http.post(
         "/v1/indexes/create",
-        json={"index_name": name, "index_key": random_key(), "index_config": config},
+        json={"index_name": name, "index_key": generate_key(), "index_config": config},
     )
     error(r, 422)
     assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
@@ -228,7 +228,7 @@ def test_invalid_index_config_is_422_and_creates_nothing(http, config):
 @pytest.mark.parametrize("name", ["", "n" * 256])
 def test_invalid_index_name_is_422(http, name):
     error(
-        http.post("/v1/indexes/create", json={"index_name": name, "index_key": random_key()}), 422
+        http.post("/v1/indexes/create", json={"index_name": name, "index_key": generate_key()}), 422
     )
     assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
 
@@ -254,7 +254,7 @@ def test_unknown_metric_is_422(http):
     name = unique_name()
     r = http.post(
         "/v1/indexes/create",
-        json={"index_name": name, "index_key": random_key(), "metric": "manhattan"},
+        json={"index_name": name, "index_key": generate_key(), "metric": "manhattan"},
     )
     error(r, 422)
     assert name not in ok(http.get("/v1/indexes/list"))["indexes"]
@@ -298,7 +298,7 @@ def test_training_status_shape(http):
     ],
 )
 def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_bits):
-    name, key = unique_name(), random_key()
+    name, key = unique_name(), generate_key()
     ok(http.post("/v1/indexes/create", json={"index_name": name, "index_key": key, **body}))
     ident = {"index_name": name, "index_key": key}
     try:
@@ -337,7 +337,7 @@ def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_
 def test_unsupported_cyborgdb_features_are_named_422s(http, body, named):
     name = unique_name()
     r = http.post(
-        "/v1/indexes/create", json={"index_name": name, "index_key": random_key(), **body}
+        "/v1/indexes/create", json={"index_name": name, "index_key": generate_key(), **body}
     )
     assert named in error(r, 422)["detail"]
     assert name not in ok(http.get("/v1/indexes/list"))["indexes"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.integration.support import assert_ascending, brute_force, ids_of
+from tests.helpers import exact_knn
+from tests.integration.support import assert_ascending, ids_of
 
 
 def _data(n: int, d: int, seed: int) -> np.ndarray:
@@ -16,7 +17,7 @@ def _data(n: int, d: int, seed: int) -> np.ndarray:
 
 def _check_exact(idx, data, ids, queries, k, metric, **query_args):
     results = idx.query(query_vectors=queries, top_k=k, **query_args)
-    dist, rows = brute_force(data, queries, k, metric)
+    dist, rows = exact_knn(data, queries, k, metric)
     for q, res in enumerate(results):
         assert_ascending(res)
         assert ids_of(res) == [ids[j] for j in rows[q]], f"query {q}"
@@ -78,7 +79,7 @@ def test_compressed_index_types(make_index, index_type, config, min_recall, max_
     assert desc["num_vectors"] == 1000
 
     results = idx.query(query_vectors=queries, top_k=10, n_probes=8)
-    _, rows = brute_force(data, queries, 10)
+    _, rows = exact_knn(data, queries, 10)
     assert [len(res) for res in results] == [10] * len(queries)
     recall = (
         sum(1 for q, res in enumerate(results) for r in res if r["id"] in {ids[j] for j in rows[q]})

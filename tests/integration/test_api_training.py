@@ -13,14 +13,14 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 from tests.integration.conftest import API_KEY, AUTO_TRAIN_THRESHOLD
-from tests.integration.support import assert_neighbours, brute_force, error, ids_of, ok
+from tests.integration.support import assert_neighbours, error, ids_of, ok
 
 
 def assert_exact(idx, data, ids, queries, k, n_probes, **query_args):
     results = idx.query(query_vectors=queries, top_k=k, n_probes=n_probes, **query_args)
-    dist, _ = brute_force(data, queries, k)
+    dist, _ = exact_knn(data, queries, k)
     for q, res in enumerate(results):
         assert_neighbours(res, data, ids, queries[q], dist[q])
         np.testing.assert_allclose([r["distance"] for r in res], dist[q], rtol=1e-4, atol=1e-4)
@@ -208,7 +208,7 @@ def test_auto_training_while_writes_and_queries_continue(service, make_index, ht
     assert_exact(idx, data, ids, queries, 10, n_probes=n_lists)
     # Automatic n_probes reaches a useful recall (target 0.95 on the calibration sample).
     auto = idx.query(query_vectors=queries, top_k=10)
-    _, rows = brute_force(data, queries, 10)
+    _, rows = exact_knn(data, queries, 10)
     recall = np.mean(
         [len(set(ids_of(res)) & {ids[j] for j in rows[q]}) / 10 for q, res in enumerate(auto)]
     )
@@ -237,6 +237,6 @@ def test_first_query_after_auto_training_probes_all_lists_when_asked(make_index,
     queries = (data[rng.integers(0, len(data), 20)] + data[rng.integers(0, len(data), 20)]) / 2
     first = idx.query(query_vectors=queries, top_k=10, n_probes=100_000)
     assert idx.describe()["is_trained"] is True
-    dist, _ = brute_force(data, queries, 10)
+    dist, _ = exact_knn(data, queries, 10)
     for q, res in enumerate(first):
         assert_neighbours(res, data, ids, queries[q], dist[q])

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 from tests.integration.support import (
     assert_ascending,
-    brute_force,
     ids_of,
     ok,
 )
@@ -59,7 +58,7 @@ def test_query_1d_gives_flat_list_with_defaults(filled):
     assert results[0]["id"] == "v7" and results[0]["distance"] == pytest.approx(0.0, abs=1e-5)
     assert results[0]["metadata"] == items[7]["metadata"]
     assert_ascending(results)
-    d, rows = brute_force(vectors, vectors[7], 100)
+    d, rows = exact_knn(vectors, vectors[7], 100)
     assert ids_of(results) == [f"v{j}" for j in rows[0]]
     np.testing.assert_allclose([r["distance"] for r in results], d[0], rtol=1e-4, atol=1e-4)
     by_id = {it["id"]: it for it in items}
@@ -71,7 +70,7 @@ def test_query_2d_gives_one_list_per_query_in_order(filled):
     order = [42, 3, 99, 3]
     results = idx.query(query_vectors=vectors[order], top_k=5)
     assert len(results) == len(order)
-    _, rows = brute_force(vectors, vectors[order], 5)
+    _, rows = exact_knn(vectors, vectors[order], 5)
     for q, res in enumerate(results):
         assert isinstance(res, list) and len(res) == 5
         assert res[0]["id"] == f"v{order[q]}"
@@ -332,7 +331,7 @@ def test_untrained_index_answers_exact_brute_force(make_index):
     idx.upsert_arrays(ids, data, batch=500)
     assert idx.describe()["is_trained"] is False
     results = idx.query(query_vectors=queries, top_k=25)
-    dist, rows = brute_force(data, queries, 25)
+    dist, rows = exact_knn(data, queries, 25)
     for q, res in enumerate(results):
         assert ids_of(res) == [ids[j] for j in rows[q]]
         np.testing.assert_allclose([r["distance"] for r in res], dist[q], rtol=1e-4, atol=1e-4)

@@ -11,7 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import clustered, random_key
+from cluster.client import generate_key
+from tests.helpers import clustered
 from tests.integration.support import Index, create_index, error, ok
 
 N, D = 600, 16
@@ -309,7 +310,7 @@ def test_auth_and_unknown_index(filled: Index, http: httpx.Client, route: str) -
     body = {"index_name": filled.name, "index_key": filled.key, **fields}
     error(http.post(f"/v1/{route}", json=body, headers={"X-API-Key": ""}), 401)
     error(http.post(f"/v1/{route}", json=body, headers={"X-API-Key": "wrong"}), 401)
-    error(http.post(f"/v1/{route}", json={**body, "index_key": random_key()}), 401)
+    error(http.post(f"/v1/{route}", json={**body, "index_key": generate_key()}), 401)
     error(http.post(f"/v1/{route}", json={**body, "index_name": "no-such-index-x"}), 404)
     error(http.post(f"/v1/{route}", json={**body, "index_key": "zz"}), 422)
 

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import clustered
+from tests.helpers import clustered
 from tests.integration.support import create_index, error, ids_of, ok
 
 N, D = 300, 12

@@ -22,7 +22,7 @@ from cluster import bulk
 from cluster.bulk.files import Batch, write_fvecs
 from cluster.client import Client, QueryResult, generate_key
 from cluster.client.errors import AuthenticationError, IndexNotFoundError, InvalidRequestError
-from tests.conftest import clustered
+from tests.helpers import clustered
 from tests.integration.conftest import API_KEY, Service
 from tests.integration.support import unique_name
 

@@ -15,9 +15,9 @@ from cluster.client.errors import (
     IndexNotFoundError,
     InvalidRequestError,
 )
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 from tests.integration.conftest import API_KEY, Service
-from tests.integration.support import brute_force, unique_name
+from tests.integration.support import unique_name
 
 D = 12
 
@@ -49,7 +49,7 @@ def test_index_lifecycle(vv: Client) -> None:
 
         q = x[::20] + 0.05
         res = idx.query(q, top_k=5)  # untrained: exact search
-        exact_d, exact_rows = brute_force(x, q, 5)
+        exact_d, exact_rows = exact_knn(x, q, 5)
         assert res.ids.shape == (20, 5) and res.distances is not None
         np.testing.assert_allclose(res.distances, exact_d, rtol=1e-4, atol=1e-4)
         assert res.ids[0, 0] == ids[exact_rows[0, 0]]

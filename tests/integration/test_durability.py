@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import random_key
-from tests.integration.conftest import free_port
+from cluster.client import generate_key
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     ray_tmp = tempfile.mkdtemp(prefix="vv", dir="/tmp")
     port = free_port()
-    key = random_key()
+    key = generate_key()
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(4000, 16)).astype(np.float32)
     acked: set[int] = set()
@@ -142,7 +142,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
                 assert r["metadata"] == {"j": j} and r["contents"] == f"c{j}"
             # A wrong key after the restart unlocks nothing.
             bad = c.post(
-                "/v1/vectors/num_vectors", json={"index_name": "d", "index_key": random_key()}
+                "/v1/vectors/num_vectors", json={"index_name": "d", "index_key": generate_key()}
             )
             assert bad.status_code == 401
         proc.send_signal(signal.SIGTERM)

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
+from cluster.client import generate_key
 from serve_app.embedder import DEFAULT_MODEL, ModelRegistry, builtin_models, runtime_installed
-from tests.conftest import random_key
 from tests.integration.support import (
     Index,
     assert_ascending,
@@ -90,7 +90,7 @@ def embed(local: ModelRegistry, texts: list[str]) -> np.ndarray:
 
 
 def create(http: httpx.Client, **fields: Any) -> tuple[Index, httpx.Response]:
-    idx = Index(http, unique_name("emb"), random_key())
+    idx = Index(http, unique_name("emb"), generate_key())
     r = http.post("/v1/indexes/create", json=idx.body(**fields))
     return idx, r
 

@@ -15,7 +15,7 @@ from actors.partition import serialize
 from actors.shard import Shard
 from actors.training import TrainParams, train_template
 from actors.types import SearchRequest, UpsertBatch
-from tests.conftest import clustered
+from tests.helpers import clustered
 from tests.pg_server import PostgresServer
 
 psycopg = pytest.importorskip("psycopg")

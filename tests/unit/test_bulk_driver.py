@@ -17,6 +17,7 @@ from cluster.bulk import transports
 from cluster.bulk.files import Batch, Source, write_fvecs
 from cluster.client import QueryResult
 from cluster.client.errors import InvalidRequestError
+from tests.helpers import exact_knn
 
 
 class FakeTransport:
@@ -39,13 +40,12 @@ class FakeTransport:
             np.all(x == self.data[self.fail_at_row], axis=1)
         ):
             raise InvalidRequestError("query_vectors is bad", status_code=422)
-        d = np.sqrt(((x[:, None, :] - self.data[None, :, :]) ** 2).sum(-1))
-        k = min(opts.top_k, len(self.data))
-        order = np.argsort(d, axis=1, kind="stable")[:, :k]
+        d, order = exact_knn(self.data, x, opts.top_k)
+        k = order.shape[1]
         ids = np.empty((len(x), opts.top_k), dtype=object)
         ids[:, :k] = order.astype(str)
         dist = np.full((len(x), opts.top_k), np.inf, dtype=np.float32)
-        dist[:, :k] = np.take_along_axis(d, order, axis=1)
+        dist[:, :k] = d
         return QueryResult(ids, dist, np.full(len(x), k))
 
     async def upsert(self, batch: Batch, ids: list[str]) -> int:
@@ -107,8 +107,7 @@ def query(inp: Path, out: Path, t: Any, **kw: Any) -> bulk.Report:
 
 
 def expected(x: np.ndarray, q: np.ndarray) -> np.ndarray:
-    d = ((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-    return np.argsort(d, axis=1, kind="stable")[:, :5].astype(str)
+    return exact_knn(x, q, 5)[1].astype(str)
 
 
 @pytest.mark.parametrize("fmt", [".npy", ".fvecs", ".jsonl", ".tsv"])

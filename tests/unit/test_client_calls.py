@@ -18,6 +18,7 @@ import pytest
 
 from cluster.client import AsyncClient, Client, QueryResult, generate_key
 from cluster.client.calls import chunks, pack
+from tests.helpers import exact_knn
 
 D_TEXT = 8  # the fake server's embedding dimension
 
@@ -117,9 +118,8 @@ class FakeServer:
         self.x = np.concatenate([self.x.reshape(-1, x.shape[1]), x.astype(np.float32)])
 
     def _search(self, q: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        d = np.sqrt(((q[:, None, :] - self.x[None, :, :]) ** 2).sum(-1))
-        order = np.argsort(d, axis=1, kind="stable")[:, :k]
-        return list(np.take_along_axis(d, order, axis=1)), list(order)
+        d, order = exact_knn(self.x, q, k)
+        return list(d.astype(np.float32)), list(order)
 
     @staticmethod
     def _upserted(n: int) -> httpx.Response:

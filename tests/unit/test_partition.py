@@ -10,7 +10,7 @@ import pytest
 
 from actors.partition import LOCALITY_MIN_QUERIES, PartitionIndex, locality_order, principal_rank
 from actors.training import TrainParams, train_template
-from tests.conftest import clustered
+from tests.helpers import clustered
 
 N_LISTS = 48
 

@@ -9,7 +9,7 @@ import pytest
 
 from actors.partition import PER_LIST_REMOVE_MAX, PartitionIndex, deserialize, serialize
 from actors.training import TrainParams, train_template
-from tests.conftest import clustered
+from tests.helpers import clustered
 
 N, DIM, N_LISTS = 4000, 32, 100
 LABELS = np.arange(N, dtype=np.int64) * 2 + 5  # labels need not be dense

@@ -17,7 +17,7 @@ from actors.shard import Shard
 from actors.store import StoreError
 from actors.training import TrainParams, train_template
 from actors.types import SearchRequest, UpsertBatch
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 
 KEY = bytes(range(32))
 
@@ -32,9 +32,8 @@ def batch(x: np.ndarray, start: int, meta: bool = True) -> UpsertBatch:
     return UpsertBatch(ids, x, None, metadata, contents)
 
 
-def exact_ids(x: np.ndarray, q: np.ndarray, k: int, offset: int = 0) -> list[list[str]]:
-    d = ((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-    return [[f"id{offset + j}" for j in row] for row in np.argsort(d, axis=1)[:, :k]]
+def exact_ids(x: np.ndarray, q: np.ndarray, k: int) -> list[list[str]]:
+    return [[f"id{j}" for j in row] for row in exact_knn(x, q, k)[1]]
 
 
 def one_list(q: np.ndarray) -> SearchRequest:

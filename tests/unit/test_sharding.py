@@ -11,7 +11,7 @@ from actors.shard import Shard
 from actors.training import TrainParams, train_template
 from actors.types import SearchRequest, UpsertBatch, shard_assignment
 from serve_app.engine import merge
-from tests.conftest import clustered
+from tests.helpers import clustered
 
 KEY = bytes(range(32))
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from actors.store import LocalStore, Store, StoreError, key_join, open_store, redact_url
 from actors.store.local import _frame, parse_log
-from tests.conftest import run_threads
+from tests.helpers import run_threads
 
 BACKENDS = ["local", "postgresql"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from actors.store import LocalStore, StoreError, open_store
-from tests.conftest import run_threads
-from tests.pg_server import PostgresServer, free_port
+from tests.helpers import free_port, run_threads
+from tests.pg_server import PostgresServer
 
 psycopg = pytest.importorskip(
     "psycopg", reason='psycopg not installed: pip install -e ".[postgres]"'

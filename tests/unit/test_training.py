@@ -16,7 +16,7 @@ from actors.training import (
     train_template,
 )
 from actors.types import IndexConfig
-from tests.conftest import clustered
+from tests.helpers import clustered, exact_knn
 
 
 def test_auto_n_lists_rule() -> None:
@@ -54,9 +54,7 @@ def test_calibrated_nprobe_reaches_target_on_fresh_queries(index_type: str) -> N
     assert ks == [1, 10, 100] and probes == sorted(probes) and 1 <= probes[1] < 200
     index = faiss.clone_index(template)
     index.add(x)
-    exact = faiss.IndexFlatL2(32)
-    exact.add(x)
-    _, truth = exact.search(q, 10)
+    _, truth = exact_knn(x, q, 10)
     index.nprobe = probes[1]
     _, found = index.search(q, 10)
     recall = np.mean([len(np.intersect1d(f, t)) / 10 for f, t in zip(found, truth)])
