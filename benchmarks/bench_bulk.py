@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,25 @@ import numpy as np
 from common import (
     API_KEY,
     CpuMeter,
+    connect,
     environment,
     faiss_fresh_process_qps,
     locality_search,
     median,
     print_environment,
     print_table,
-    random_key,
     recall_at_k,
     running_service,
     service_internals,
+    train_and_wait,
+    upsert_batches,
 )
-from common import clustered as make_clustered
 
 from actors.partition import rank_lists
 from actors.training import auto_n_lists
 from cluster import bulk
-from cluster.client import Client
+from cluster.client import generate_key
+from tests.helpers import clustered, exact_knn
 
 BAR = 0.85  # binary path and Ray transport >= 0.85x raw faiss QPS
 WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", "15"))  # noqa: SIM112 (Ray's name)
@@ -202,99 +205,135 @@ async def measure(
     return times, found, raw_ids, sweep
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    env = environment()
-    threads = args.threads or env["cores"] or 1
-    faiss.omp_set_num_threads(threads)
-    env["raw_faiss_threads"] = threads
-    print_environment(env)
+@dataclass
+class Setup:
+    """The run's parameters and data: ``n`` vectors ``x``, ``nq`` queries ``q`` (also saved in
+    ``qfile`` for the driver, under the temp dir ``tmp``)."""
+
+    k: int
+    n: int
+    nq: int
+    dim: int
+    batch: int
+    conc: int
+    n_lists: int
+    threads: int
+    x: np.ndarray
+    q: np.ndarray
+    tmp: Path
+
+    @property
+    def qfile(self) -> Path:
+        return self.tmp / "queries.npy"
+
+
+@dataclass
+class Measured:
+    """What the interleaved rounds and the runs after them measured."""
+
+    times: dict[str, list[float]]
+    found: dict[str, np.ndarray]
+    raw_ids: np.ndarray
+    sweep: list[list[Any]]
+    fresh_qps: float | None
+    n_lists: int
+    nprobe: int
+    transports: list[str]
+
+
+def prepare(args: argparse.Namespace, threads: int) -> Setup:
     k, n, nq = args.top_k, args.n, args.queries
-    batch = args.batch_size or bulk.DEFAULT_BATCH
-    conc = args.concurrency or bulk.DEFAULT_CONCURRENCY
-    n_lists = args.n_lists or auto_n_lists(n)
     print(f"data: clustered {n:,} x {args.dim} + {nq:,} held-out queries, ivfflat, top_k={k}")
-    data = make_clustered(n + nq, args.dim, seed=args.seed)
-    x, q = np.ascontiguousarray(data[:n]), np.ascontiguousarray(data[n:])
-    tmp = Path(tempfile.mkdtemp(prefix="vvbulk-"))
-    qfile = tmp / "queries.npy"
-    np.save(qfile, q)
-    key = random_key()
-    cpu = CpuMeter()
-    overrides: dict[str, Any] = {"shards": args.shards} if args.shards else {}
-    if args.gateway_threads is not None:
-        overrides["gateway_threads"] = args.gateway_threads
-    try:
-        with running_service(**overrides) as svc:
-            from ray import serve
+    data = clustered(n + nq, args.dim, seed=args.seed)
+    s = Setup(
+        k=k,
+        n=n,
+        nq=nq,
+        dim=args.dim,
+        batch=args.batch_size or bulk.DEFAULT_BATCH,
+        conc=args.concurrency or bulk.DEFAULT_CONCURRENCY,
+        n_lists=args.n_lists or auto_n_lists(n),
+        threads=threads,
+        x=np.ascontiguousarray(data[:n]),
+        q=np.ascontiguousarray(data[n:]),
+        tmp=Path(tempfile.mkdtemp(prefix="vvbulk-")),
+    )
+    np.save(s.qfile, s.q)
+    return s
 
-            with Client(svc.url, API_KEY, max_request_bytes=64 << 20) as client:
-                idx = client.create_index(INDEX, key, dimension=args.dim)
-                t0 = time.perf_counter()
-                for s in range(0, n, 20_000):
-                    idx.upsert([str(i) for i in range(s, min(n, s + 20_000))], x[s : s + 20_000])
-                t_ingest = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                status = idx.train(n_lists=n_lists)
-                while (
-                    status == "in_progress" or INDEX in client.training_status()["training_indexes"]
-                ):
-                    time.sleep(1.0)
-                    status = "success"
-                t_train = time.perf_counter() - t0
-            print(
-                f"ingest {t_ingest:.1f}s ({n / t_ingest:,.0f} vectors/s, client, binary route), "
-                f"train {t_train:.1f}s"
-            )
-            if args.equal_niceness:
-                # Ray runs its workers (gateway, shards) at niceness 15: measure raw faiss and
-                # the driver at the same priority, so that load from other processes on the
-                # machine weighs on both sides alike (no effect on an idle machine).
-                os.nice(WORKER_NICENESS - os.nice(0))
-            env["niceness"] = os.nice(0)
-            cfg, centroids = service_internals(INDEX, key)
-            assert centroids is not None, "the index was trained above"
-            nprobe = args.n_probes or cfg.auto_nprobe(k)
-            print(f"n_lists={cfg.n_lists} n_probes={nprobe} shards={cfg.n_shards}")
-            index = raw_index(x, centroids, cfg.n_lists)
-            index.nprobe = nprobe
-            opts = bulk.QueryOptions(top_k=k, n_probes=nprobe, include=("distance",))
-            transports = {
-                "driver, HTTP JSON": bulk.HttpTransport(svc.url, API_KEY, INDEX, key, wire="json"),
-                "driver, HTTP binary": bulk.HttpTransport(
-                    svc.url, API_KEY, INDEX, key, wire="binary"
-                ),
-                "driver, Ray transport": bulk.RayTransport(
-                    serve.get_app_handle("vaultvec"), INDEX, key
-                ),
-            }
-            times, found, raw_ids, sweep = asyncio.run(
-                measure(
-                    transports,
-                    index,
-                    q,
-                    k,
-                    qfile,
-                    tmp / "out.npy",
-                    opts,
-                    batch,
-                    conc,
-                    args,
-                    threads,
-                    cpu,
-                )
-            )
-            fresh_qps = faiss_fresh_process_qps(x, centroids, q, nprobe, k, threads, args.repeats)
-            truth = exact(x, q, k)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
-    qps = {name: nq / median(ts) for name, ts in times.items()}
-    raw_names = [name for name in qps if name.startswith("raw faiss")]
-    best_raw = max(raw_names, key=lambda name: qps[name])
+def ingest_and_train(url: str, key: str, s: Setup) -> None:
+    """Create the index, upsert with the client (binary route) and train it."""
+    with connect(url) as client:
+        idx = client.create_index(INDEX, key, dimension=s.dim)
+        ids = [str(i) for i in range(s.n)]
+        t_ingest = upsert_batches(idx, s.x, ids, 20_000, label="client")
+        t_train, _ = train_and_wait(client, idx, s.n_lists)
+    print(
+        f"ingest {t_ingest:.1f}s ({s.n / t_ingest:,.0f} vectors/s, client, binary route), "
+        f"train {t_train:.1f}s"
+    )
+
+
+def equal_niceness(env: dict[str, Any], equal: bool) -> None:
+    if equal:
+        # Ray runs its workers (gateway, shards) at niceness 15: measure raw faiss and the
+        # driver at the same priority, so that load from other processes on the machine
+        # weighs on both sides alike (no effect on an idle machine).
+        os.nice(WORKER_NICENESS - os.nice(0))
+    env["niceness"] = os.nice(0)
+
+
+def transports_for(url: str, key: str) -> dict[str, Any]:
+    from ray import serve
+
+    return {
+        "driver, HTTP JSON": bulk.HttpTransport(url, API_KEY, INDEX, key, wire="json"),
+        "driver, HTTP binary": bulk.HttpTransport(url, API_KEY, INDEX, key, wire="binary"),
+        "driver, Ray transport": bulk.RayTransport(serve.get_app_handle("vaultvec"), INDEX, key),
+    }
+
+
+def measure_service(
+    url: str, key: str, s: Setup, args: argparse.Namespace, cpu: CpuMeter
+) -> Measured:
+    """raw faiss on the service's centroids against the driver's transports, interleaved; then
+    raw faiss in a fresh process."""
+    cfg, centroids = service_internals(INDEX, key)
+    assert centroids is not None, "the index was trained above"
+    nprobe = args.n_probes or cfg.auto_nprobe(s.k)
+    print(f"n_lists={cfg.n_lists} n_probes={nprobe} shards={cfg.n_shards}")
+    index = raw_index(s.x, centroids, cfg.n_lists)
+    index.nprobe = nprobe
+    opts = bulk.QueryOptions(top_k=s.k, n_probes=nprobe, include=("distance",))
+    transports = transports_for(url, key)
+    times, found, raw_ids, sweep = asyncio.run(
+        measure(
+            transports,
+            index,
+            s.q,
+            s.k,
+            s.qfile,
+            s.tmp / "out.npy",
+            opts,
+            s.batch,
+            s.conc,
+            args,
+            s.threads,
+            cpu,
+        )
+    )
+    fresh = faiss_fresh_process_qps(s.x, centroids, s.q, nprobe, s.k, s.threads, args.repeats)
+    return Measured(times, found, raw_ids, sweep, fresh, cfg.n_lists, nprobe, list(transports))
+
+
+def raw_rows(m: Measured, s: Setup, qps: dict[str, float], best_raw: str) -> list[list[Any]]:
+    """The raw faiss rows: in-process runs (the faster one is the baseline) and, as info, the
+    fresh process with the binary and Ray ratios to it."""
     raw_qps = qps[best_raw]
     rows = []
-    for name in [*raw_names, LOCALITY.format(threads=threads)]:
+    raw_names = [name for name in qps if name.startswith("raw faiss")]
+    for name in [*raw_names, LOCALITY.format(threads=s.threads)]:
         note = "baseline (the faster raw run)" if name == best_raw else "info"
         rows.append(
             [
@@ -306,27 +345,34 @@ def main(argv: list[str] | None = None) -> int:
                 "-",
             ]
         )
-    if fresh_qps is not None:
+    if m.fresh_qps is not None:
         against = ", ".join(
-            f"{name.split(', ')[-1]} {qps[name] / fresh_qps:.3f}x"
-            for name in transports
+            f"{name.split(', ')[-1]} {qps[name] / m.fresh_qps:.3f}x"
+            for name in m.transports
             if "JSON" not in name
         )
         rows.append(
             [
-                f"raw faiss, {threads} threads (fresh process)",
-                f"{fresh_qps:,.0f}",
-                f"{fresh_qps / raw_qps:.3f}x",
+                f"raw faiss, {s.threads} threads (fresh process)",
+                f"{m.fresh_qps:,.0f}",
+                f"{m.fresh_qps / raw_qps:.3f}x",
                 "-",
                 f"info; {against} of it",
                 "-",
             ]
         )
-    passed = True
-    for name in transports:
+    return rows
+
+
+def transport_rows(
+    m: Measured, qps: dict[str, float], raw_qps: float
+) -> tuple[list[list[Any]], bool]:
+    """One row per transport against raw faiss; whether every barred one passed."""
+    rows, passed = [], True
+    for name in m.transports:
         ratio = qps[name] / raw_qps
-        ids = np.where(found[name] == "", "-1", found[name]).astype(np.int64)
-        same = float(np.mean([set(a) == set(b) for a, b in zip(ids, raw_ids)]))
+        ids = np.where(m.found[name] == "", "-1", m.found[name]).astype(np.int64)
+        same = float(np.mean([set(a) == set(b) for a, b in zip(ids, m.raw_ids)]))
         has_bar = "JSON" not in name
         ok = ratio >= BAR
         passed &= ok or not has_bar
@@ -340,18 +386,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"{same:.4f}",
             ]
         )
+    return rows, passed
+
+
+def report(
+    m: Measured, s: Setup, args: argparse.Namespace, env: dict[str, Any], cpu: CpuMeter
+) -> bool:
+    """Print the tables; whether every bar passed."""
+    qps = {name: s.nq / median(ts) for name, ts in m.times.items()}
+    best_raw = max((name for name in qps if name.startswith("raw faiss")), key=lambda n: qps[n])
+    rows, passed = transport_rows(m, qps, qps[best_raw])
     print_table(
         ["path", "QPS", "vs raw faiss", "bar", "result", "same top-k as raw"],
-        rows,
+        raw_rows(m, s, qps, best_raw) + rows,
         title=(
-            f"bulk query: N={n:,} d={args.dim} ivfflat n_lists={cfg.n_lists} n_probes={nprobe} "
-            f"top_k={k}, {nq:,} queries; driver batch={batch} concurrency={conc} (.npy in, .npy "
-            f"out); {args.repeats} interleaved rounds (median)"
+            f"bulk query: N={s.n:,} d={s.dim} ivfflat n_lists={m.n_lists} n_probes={m.nprobe} "
+            f"top_k={s.k}, {s.nq:,} queries; driver batch={s.batch} concurrency={s.conc} (.npy in, "
+            f".npy out); {args.repeats} interleaved rounds (median)"
         ),
     )
     print(
         "times (s): "
-        + "; ".join(f"{name}: " + " ".join(f"{t:.3f}" for t in ts) for name, ts in times.items())
+        + "; ".join(f"{name}: " + " ".join(f"{t:.3f}" for t in ts) for name, ts in m.times.items())
     )
     cpu.table(
         best_raw,
@@ -360,23 +416,42 @@ def main(argv: list[str] | None = None) -> int:
             f"{env['cores']} cores the service is bounded by its total CPU"
         ),
     )
-    if sweep:
+    if m.sweep:
         print_table(
             ["driver config", "HTTP binary QPS", "Ray transport QPS"],
-            sweep,
+            m.sweep,
             title="batch size / concurrency sweep (median of 3 runs each, info)",
         )
-    print(f"recall@{k} of raw faiss vs exact: {recall_at_k(raw_ids, truth, k):.4f}")
+    return passed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = environment()
+    threads = args.threads or env["cores"] or 1
+    faiss.omp_set_num_threads(threads)
+    env["raw_faiss_threads"] = threads
+    print_environment(env)
+    s = prepare(args, threads)
+    key = generate_key()
+    cpu = CpuMeter()
+    overrides: dict[str, Any] = {"shards": args.shards} if args.shards else {}
+    if args.gateway_threads is not None:
+        overrides["gateway_threads"] = args.gateway_threads
+    try:
+        with running_service(**overrides) as svc:
+            ingest_and_train(svc.url, key, s)
+            equal_niceness(env, args.equal_niceness)
+            m = measure_service(svc.url, key, s, args, cpu)
+    finally:
+        shutil.rmtree(s.tmp, ignore_errors=True)
+    passed = report(m, s, args, env, cpu)
+    _, truth = exact_knn(s.x, s.q, s.k)
+    print(f"recall@{s.k} of raw faiss vs exact: {recall_at_k(m.raw_ids, truth, s.k):.4f}")
     env["loadavg_end"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print_environment(env)
     print(f"\nbars: {'all PASS' if passed else 'some FAIL'}")
     return 1 if args.check and not passed else 0
-
-
-def exact(x: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
-    flat = faiss.IndexFlatL2(x.shape[1])
-    flat.add(x)
-    return flat.search(q, k)[1]
 
 
 if __name__ == "__main__":

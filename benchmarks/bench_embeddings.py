@@ -24,22 +24,27 @@ import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 from common import (
-    Client,
+    JSON_OPTS,
+    QUERY,
+    connect,
     environment,
+    health,
     median,
     pct,
+    post,
     print_environment,
     print_table,
-    random_key,
     running_service,
 )
 
+from cluster.client import Client, generate_key
 from serve_app.embedder import DEFAULT_MODEL, ModelRegistry
 
 INDEX = "bench-text"
@@ -99,8 +104,227 @@ def embedder_handle() -> Any:
 
 def post_timed(client: Client, path: str, body: bytes) -> float:
     t0 = time.perf_counter()
-    client.post(path, body)
+    post(client, path, body)
     return time.perf_counter() - t0
+
+
+def model_stats(handle: Any) -> dict[str, int]:
+    return dict(handle.stats.remote().result())
+
+
+@dataclass
+class Upserts:
+    text_s: list[float]  # per request of text items (the server embeds them)
+    vector_s: list[float]  # the same items with their vectors given
+    model_calls: int  # model calls the text upserts took
+
+
+@dataclass
+class Singles:
+    text_s: list[float]
+    vector_s: list[float]
+    noop_s: list[float]
+    embed_s: list[float]  # the Embedder alone, through its handle
+    same_top: int  # queries whose text and vector answers had the same ids
+    model_calls: int
+    texts: int
+
+
+@dataclass
+class Concurrent:
+    seconds: float
+    clients: int
+    model_calls: int
+    texts: int
+
+
+def warm_up(idx: Any, queries: list[str]) -> None:
+    """The model loads at replica start: make sure it is in and hot."""
+    t0 = time.perf_counter()
+    idx.query(contents="warm up", top_k=1)
+    print(f"first text query (model warm-up): {time.perf_counter() - t0:.2f}s")
+    texts = queries[:32]
+    ids = [f"w{i}" for i in range(len(texts))]
+    idx.upsert(ids, contents=texts)
+    idx.delete(ids)
+
+
+def measure_upserts(client: Client, idx: Any, handle: Any, corpus: list[str], bs: int) -> Upserts:
+    """Batches of ``bs`` text items (embedded on the server), then the very same items with
+    their vectors given (the upsert path without the model)."""
+    base = {"index_name": idx.name, "index_key": idx.key}
+    nb = len(corpus) // bs
+    stats0 = model_stats(handle)
+    text_times = []
+    for b in range(nb):
+        items = [{"id": f"d{i}", "contents": corpus[i]} for i in range(b * bs, (b + 1) * bs)]
+        text_times.append(
+            post_timed(client, "/v1/vectors/upsert", orjson.dumps({**base, "items": items}))
+        )
+        done = (b + 1) * bs
+        print(f"  text upsert {done:>6,}/{len(corpus):,}  {bs / text_times[-1]:6.1f} sentences/s")
+    model_calls = model_stats(handle)["batch_calls"] - stats0["batch_calls"]
+    got = idx.get([f"d{i}" for i in range(len(corpus))], include=["vector"])
+    vec_of = {r["id"]: r["vector"] for r in got}
+    vector_times = []
+    for b in range(nb):
+        items = [
+            {"id": f"d{i}", "vector": vec_of[f"d{i}"], "contents": corpus[i]}
+            for i in range(b * bs, (b + 1) * bs)
+        ]
+        body = orjson.dumps({**base, "items": items}, option=JSON_OPTS)
+        vector_times.append(post_timed(client, "/v1/vectors/upsert", body))
+    return Upserts(text_times, vector_times, model_calls)
+
+
+def query_bodies(
+    idx: Any, handle: Any, queries: list[str], k: int
+) -> tuple[list[bytes], list[bytes]]:
+    """Text query bodies, and vector query bodies carrying the server's embedding of the same
+    sentences (so that the only difference is the embedding)."""
+    base = {"index_name": idx.name, "index_key": idx.key}
+    qvecs = np.asarray(handle.embed_batch.remote(DEFAULT_MODEL, queries).result())
+    text = [
+        orjson.dumps({**base, "query_contents": s, "top_k": k, "include": ["distance"]})
+        for s in queries
+    ]
+    vec = [
+        orjson.dumps({**base, "query_vectors": v.tolist(), "top_k": k, "include": ["distance"]})
+        for v in qvecs
+    ]
+    return text, vec
+
+
+def measure_singles(
+    client: Client,
+    handle: Any,
+    queries: list[str],
+    text_bodies: list[bytes],
+    vec_bodies: list[bytes],
+) -> Singles:
+    """Sequential single queries, interleaved: no-op, text, vector, the Embedder alone."""
+    for i in range(min(20, len(queries))):  # warm-up
+        post(client, QUERY, text_bodies[i])
+        post(client, QUERY, vec_bodies[i])
+    r = Singles([], [], [], [], 0, 0, 0)
+    stats0 = model_stats(handle)
+    for i in range(len(queries)):
+        t0 = time.perf_counter()
+        health(client)
+        t1 = time.perf_counter()
+        r_text = post(client, QUERY, text_bodies[i])["results"]
+        t2 = time.perf_counter()
+        r_vec = post(client, QUERY, vec_bodies[i])["results"]
+        t3 = time.perf_counter()
+        handle.embed_query.remote(DEFAULT_MODEL, queries[i]).result()
+        t4 = time.perf_counter()
+        r.noop_s.append(t1 - t0)
+        r.text_s.append(t2 - t1)
+        r.vector_s.append(t3 - t2)
+        r.embed_s.append(t4 - t3)
+        r.same_top += [h["id"] for h in r_text] == [h["id"] for h in r_vec]
+    stats1 = model_stats(handle)
+    r.model_calls = stats1["query_calls"] - stats0["query_calls"]
+    r.texts = stats1["query_texts"] - stats0["query_texts"]
+    return r
+
+
+def measure_concurrent(client: Client, handle: Any, text_bodies: list[bytes], c: int) -> Concurrent:
+    """The text queries from ``c`` threads at once: the Embedder coalesces them."""
+    stats0 = model_stats(handle)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        list(pool.map(lambda b: post(client, QUERY, b), text_bodies))
+    t_conc = time.perf_counter() - t0
+    stats1 = model_stats(handle)
+    return Concurrent(
+        t_conc,
+        c,
+        stats1["query_calls"] - stats0["query_calls"],
+        stats1["query_texts"] - stats0["query_texts"],
+    )
+
+
+def measure_raw_model(corpus: list[str], bs: int, threads: int) -> list[float]:
+    """The raw model in this process, the same batches."""
+    reg = ModelRegistry(threads=threads)
+    reg.encode(DEFAULT_MODEL, corpus[:32])  # load + warm
+    times = []
+    for b in range(len(corpus) // bs):
+        t0 = time.perf_counter()
+        reg.encode(DEFAULT_MODEL, corpus[b * bs : (b + 1) * bs])
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def print_upserts(u: Upserts, raw_times: list[float], n: int) -> None:
+    nb = len(u.text_s)
+    text_sps, vec_sps = n / sum(u.text_s), n / sum(u.vector_s)
+    rows: list[list[Any]] = [
+        ["upsert 256 as text (server embeds)", f"{text_sps:,.1f} sentences/s",
+         f"median batch {median(u.text_s):.2f}s", f"{u.model_calls} model calls / {nb} requests"],
+        ["upsert 256 with vectors (no model)", f"{vec_sps:,.1f} items/s",
+         f"median batch {median(u.vector_s):.3f}s", f"text/vector time {sum(u.text_s) / sum(u.vector_s):.1f}x"],
+    ]  # fmt: skip
+    if raw_times:
+        raw_sps = n / sum(raw_times)
+        rows.append(
+            ["raw model encode, 256/batch (in-process)", f"{raw_sps:,.1f} sentences/s",
+             f"median batch {median(raw_times):.2f}s", f"service/raw {text_sps / raw_sps:.2f}x"]
+        )  # fmt: skip
+    print_table(["upsert", "throughput", "time", "note"], rows, title="Embedding throughput")
+
+
+def print_queries(sq: Singles, cq: Concurrent, k: int) -> None:
+    nq = len(sq.text_s)
+    p = {"text": pct(sq.text_s, 50) * 1e3, "vec": pct(sq.vector_s, 50) * 1e3}
+    p99 = {"text": pct(sq.text_s, 99) * 1e3, "vec": pct(sq.vector_s, 99) * 1e3}
+    noop50, embed50 = pct(sq.noop_s, 50) * 1e3, pct(sq.embed_s, 50) * 1e3
+    qrows = [
+        ["text query (query_contents)", f"{p['text']:.1f}", f"{p99['text']:.1f}",
+         f"{p['text'] / p['vec']:.2f}x vector"],
+        ["vector query (same sentence's vector)", f"{p['vec']:.1f}", f"{p99['vec']:.1f}", "1.00x"],
+        ["Embedder alone (handle, 1 text)", f"{embed50:.1f}", f"{pct(sq.embed_s, 99) * 1e3:.1f}", ""],
+        ["no-op GET /v1/health", f"{noop50:.1f}", f"{pct(sq.noop_s, 99) * 1e3:.1f}", ""],
+    ]  # fmt: skip
+    print_table(
+        [f"single query, top_k={k}, {nq} each", "p50 ms", "p99 ms", "ratio"],
+        qrows,
+        title="Text vs vector query latency (sequential, interleaved, same index)",
+    )
+    seq = ["sequential (1 client)", f"{1.0 / median(sq.text_s):.1f}", f"{sq.model_calls}",
+           f"{sq.texts / max(sq.model_calls, 1):.1f}"]  # fmt: skip
+    conc = [f"concurrent ({cq.clients} clients)", f"{nq / cq.seconds:.1f}", f"{cq.model_calls}",
+            f"{cq.texts / max(cq.model_calls, 1):.1f}"]  # fmt: skip
+    print_table(
+        ["text queries", "QPS", "model calls", "texts / call"],
+        [seq, conc],
+        title="Concurrent text queries (Embedder batching)",
+    )
+    print(f"text and vector queries returned identical top-{k} ids for {sq.same_top}/{nq} queries")
+
+
+def figures(
+    u: Upserts, raw_times: list[float], sq: Singles, cq: Concurrent, n: int
+) -> dict[str, Any]:
+    """The machine-readable results."""
+    nq = len(sq.text_s)
+    return {
+        "upsert_text_sentences_per_s": n / sum(u.text_s),
+        "upsert_vector_items_per_s": n / sum(u.vector_s),
+        "raw_model_sentences_per_s": (n / sum(raw_times)) if raw_times else None,
+        "upsert_model_calls": u.model_calls,
+        "text_query_p50_ms": pct(sq.text_s, 50) * 1e3,
+        "vector_query_p50_ms": pct(sq.vector_s, 50) * 1e3,
+        "text_query_p99_ms": pct(sq.text_s, 99) * 1e3,
+        "vector_query_p99_ms": pct(sq.vector_s, 99) * 1e3,
+        "embedder_p50_ms": pct(sq.embed_s, 50) * 1e3,
+        "noop_p50_ms": pct(sq.noop_s, 50) * 1e3,
+        "concurrent_qps": nq / cq.seconds,
+        "concurrent_model_calls": cq.model_calls,
+        "concurrent_texts": cq.texts,
+        "same_top": sq.same_top,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,181 +334,22 @@ def main(argv: list[str] | None = None) -> int:
     env["torch_threads"] = threads
     print_environment(env)
     bs, nb, nq, k = args.batch_size, args.batches, args.queries, args.top_k
-    corpus_n = bs * nb
-    texts = sentences(corpus_n + nq, args.seed)
-    corpus, queries = texts[:corpus_n], texts[corpus_n:]
-    print(f"data: {corpus_n:,} generated sentences in {nb} upserts of {bs}; {nq} query sentences")
-    key = random_key()
-    results: dict[str, Any] = {"env": env, "params": vars(args)}
-
-    with running_service(embedder_threads=threads) as svc:
-        client = Client(svc.url)
-        client.post(
-            "/v1/indexes/create",
-            {"index_name": INDEX, "index_key": key, "embedding_model": DEFAULT_MODEL},
-        )
-        base = {"index_name": INDEX, "index_key": key}
+    texts = sentences(bs * nb + nq, args.seed)
+    corpus, queries = texts[: bs * nb], texts[bs * nb :]
+    print(f"data: {bs * nb:,} generated sentences in {nb} upserts of {bs}; {nq} query sentences")
+    with running_service(embedder_threads=threads) as svc, connect(svc.url) as client:
+        idx = client.create_index(INDEX, generate_key(), embedding_model=DEFAULT_MODEL)
         handle = embedder_handle()
-        # Warm-up (the model loads at replica start; make sure it is in and hot).
-        t0 = time.perf_counter()
-        client.post("/v1/vectors/query", {**base, "query_contents": "warm up", "top_k": 1})
-        print(f"first text query (model warm-up): {time.perf_counter() - t0:.2f}s")
-        client.post(
-            "/v1/vectors/upsert",
-            {**base, "items": [{"id": f"w{i}", "contents": s} for i, s in enumerate(queries[:32])]},
-        )
-        client.post("/v1/vectors/delete", {**base, "ids": [f"w{i}" for i in range(32)]})
-
-        # -- upsert throughput: text items (embedded on the server) ---------------------------
-        stats0 = handle.stats.remote().result()
-        text_times = []
-        for b in range(nb):
-            items = [{"id": f"d{i}", "contents": corpus[i]} for i in range(b * bs, (b + 1) * bs)]
-            text_times.append(
-                post_timed(client, "/v1/vectors/upsert", orjson.dumps({**base, "items": items}))
-            )
-            done = (b + 1) * bs
-            print(f"  text upsert {done:>6,}/{corpus_n:,}  {bs / text_times[-1]:6.1f} sentences/s")
-        stats1 = handle.stats.remote().result()
-        model_calls = stats1["batch_calls"] - stats0["batch_calls"]
-
-        # The same items with their vectors given: the upsert path without the model.
-        ids = [f"d{i}" for i in range(corpus_n)]
-        got = client.post("/v1/vectors/get", {**base, "ids": ids, "include": ["vector"]})
-        vec_of = {r["id"]: r["vector"] for r in got["results"]}
-        vector_times = []
-        for b in range(nb):
-            items = [
-                {"id": f"d{i}", "vector": vec_of[f"d{i}"], "contents": corpus[i]}
-                for i in range(b * bs, (b + 1) * bs)
-            ]
-            vector_times.append(
-                post_timed(client, "/v1/vectors/upsert", orjson.dumps({**base, "items": items}))
-            )
-
-        # -- single-query latency: text vs vector (same sentence), interleaved ----------------
-        qvecs = np.asarray(handle.embed_batch.remote(DEFAULT_MODEL, queries).result())
-        text_bodies = [
-            orjson.dumps({**base, "query_contents": s, "top_k": k, "include": ["distance"]})
-            for s in queries
-        ]
-        vec_bodies = [
-            orjson.dumps(
-                {**base, "query_vectors": qvecs[i].tolist(), "top_k": k, "include": ["distance"]}
-            )
-            for i in range(nq)
-        ]
-        for i in range(min(20, nq)):  # warm-up
-            client.post("/v1/vectors/query", text_bodies[i])
-            client.post("/v1/vectors/query", vec_bodies[i])
-        t_text, t_vec, t_noop, t_embed = [], [], [], []
-        same_top = 0
-        stats_seq0 = handle.stats.remote().result()
-        for i in range(nq):
-            t0 = time.perf_counter()
-            client.health()
-            t1 = time.perf_counter()
-            r_text = client.post("/v1/vectors/query", text_bodies[i])["results"]
-            t2 = time.perf_counter()
-            r_vec = client.post("/v1/vectors/query", vec_bodies[i])["results"]
-            t3 = time.perf_counter()
-            handle.embed_query.remote(DEFAULT_MODEL, queries[i]).result()
-            t4 = time.perf_counter()
-            t_noop.append(t1 - t0)
-            t_text.append(t2 - t1)
-            t_vec.append(t3 - t2)
-            t_embed.append(t4 - t3)
-            same_top += [r["id"] for r in r_text] == [r["id"] for r in r_vec]
-
-        # -- concurrent text queries: coalesced model calls ---------------------------------
-        stats2 = handle.stats.remote().result()
-        seq_calls = stats2["query_calls"] - stats_seq0["query_calls"]
-        seq_texts = stats2["query_texts"] - stats_seq0["query_texts"]
-        c = args.concurrency
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(c) as pool:
-            list(pool.map(lambda b: client.post("/v1/vectors/query", b), text_bodies))
-        t_conc = time.perf_counter() - t0
-        stats3 = handle.stats.remote().result()
-        conc_calls = stats3["query_calls"] - stats2["query_calls"]
-        conc_texts = stats3["query_texts"] - stats2["query_texts"]
-        client.close()
-
-    # -- raw model in this process, same batches --------------------------------------------
-    raw_times: list[float] = []
-    if not args.no_raw:
-        reg = ModelRegistry(threads=threads)
-        reg.encode(DEFAULT_MODEL, corpus[:32])  # load + warm
-        for b in range(nb):
-            t0 = time.perf_counter()
-            reg.encode(DEFAULT_MODEL, corpus[b * bs : (b + 1) * bs])
-            raw_times.append(time.perf_counter() - t0)
-
-    text_sps = corpus_n / sum(text_times)
-    vec_sps = corpus_n / sum(vector_times)
-    p = {name: pct(v, 50) * 1e3 for name, v in [("text", t_text), ("vec", t_vec)]}
-    p99 = {name: pct(v, 99) * 1e3 for name, v in [("text", t_text), ("vec", t_vec)]}
-    noop50, embed50 = pct(t_noop, 50) * 1e3, pct(t_embed, 50) * 1e3
-    rows: list[list[Any]] = [
-        ["upsert 256 as text (server embeds)", f"{text_sps:,.1f} sentences/s",
-         f"median batch {median(text_times):.2f}s", f"{model_calls} model calls / {nb} requests"],
-        ["upsert 256 with vectors (no model)", f"{vec_sps:,.1f} items/s",
-         f"median batch {median(vector_times):.3f}s", f"text/vector time {sum(text_times) / sum(vector_times):.1f}x"],
-    ]  # fmt: skip
-    if raw_times:
-        raw_sps = corpus_n / sum(raw_times)
-        rows.append(
-            ["raw model encode, 256/batch (in-process)", f"{raw_sps:,.1f} sentences/s",
-             f"median batch {median(raw_times):.2f}s", f"service/raw {text_sps / raw_sps:.2f}x"]
-        )  # fmt: skip
-    print_table(["upsert", "throughput", "time", "note"], rows, title="Embedding throughput")
-    qrows = [
-        ["text query (query_contents)", f"{p['text']:.1f}", f"{p99['text']:.1f}",
-         f"{p['text'] / p['vec']:.2f}x vector"],
-        ["vector query (same sentence's vector)", f"{p['vec']:.1f}", f"{p99['vec']:.1f}", "1.00x"],
-        ["Embedder alone (handle, 1 text)", f"{embed50:.1f}", f"{pct(t_embed, 99) * 1e3:.1f}", ""],
-        ["no-op GET /v1/health", f"{noop50:.1f}", f"{pct(t_noop, 99) * 1e3:.1f}", ""],
-    ]  # fmt: skip
-    print_table(
-        [f"single query, top_k={k}, {nq} each", "p50 ms", "p99 ms", "ratio"],
-        qrows,
-        title="Text vs vector query latency (sequential, interleaved, same index)",
-    )
-    seq_qps = 1.0 / median(t_text)
-    print_table(
-        ["text queries", "QPS", "model calls", "texts / call"],
-        [
-            [
-                "sequential (1 client)",
-                f"{seq_qps:.1f}",
-                f"{seq_calls}",
-                f"{seq_texts / max(seq_calls, 1):.1f}",
-            ],
-            [
-                f"concurrent ({c} clients)",
-                f"{nq / t_conc:.1f}",
-                f"{conc_calls}",
-                f"{conc_texts / max(conc_calls, 1):.1f}",
-            ],
-        ],
-        title="Concurrent text queries (Embedder batching)",
-    )
-    print(f"text and vector queries returned identical top-{k} ids for {same_top}/{nq} queries")
-    results.update(
-        upsert_text_sentences_per_s=text_sps,
-        upsert_vector_items_per_s=vec_sps,
-        raw_model_sentences_per_s=(corpus_n / sum(raw_times)) if raw_times else None,
-        upsert_model_calls=model_calls,
-        text_query_p50_ms=p["text"],
-        vector_query_p50_ms=p["vec"],
-        text_query_p99_ms=p99["text"],
-        vector_query_p99_ms=p99["vec"],
-        embedder_p50_ms=embed50,
-        noop_p50_ms=noop50,
-        concurrent_qps=nq / t_conc,
-        concurrent_model_calls=conc_calls,
-        concurrent_texts=conc_texts,
-        same_top=same_top,
+        warm_up(idx, queries)
+        upserts = measure_upserts(client, idx, handle, corpus, bs)
+        text_bodies, vec_bodies = query_bodies(idx, handle, queries, k)
+        singles = measure_singles(client, handle, queries, text_bodies, vec_bodies)
+        concurrent = measure_concurrent(client, handle, text_bodies, args.concurrency)
+    raw_times = [] if args.no_raw else measure_raw_model(corpus, bs, threads)
+    print_upserts(upserts, raw_times, len(corpus))
+    print_queries(singles, concurrent, k)
+    results = {"env": env, "params": vars(args)} | figures(
+        upserts, raw_times, singles, concurrent, len(corpus)
     )
     if args.json_out:
         Path(args.json_out).write_text(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())

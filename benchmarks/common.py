@@ -1,8 +1,11 @@
-"""Shared helpers of the benchmark scripts: data, an in-process vaultvec, a thin HTTP client,
-brute-force ground truth, recall and table printing.
+"""Shared helpers of the benchmark scripts: an in-process vaultvec, the project's client
+(cluster.client) set up for a benchmark, recall, CPU accounting and table printing.
 
 The scripts run from the repository root as ``.venv/bin/python benchmarks/<name>.py``; this
-module sits next to them and is imported as ``common``.
+module sits next to them and is imported as ``common``. It puts the repository root on
+``sys.path``, so that the scripts then import the helpers they share with the tests (synthetic
+and SIFT data, exact search, free ports, Ray's temp dir) from ``tests.helpers``; a script
+imports ``common`` before ``tests.helpers`` (isort does: ``common`` sorts as a third-party name).
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import contextlib
 import os
 import platform
 import secrets
-import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -27,55 +28,21 @@ import numpy as np
 import orjson
 
 from actors.partition import locality_order, request_order
+from cluster.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
-SIFT_PATH = REPO.parent / "shared" / "data" / "sift-5k.tsv"
+if str(REPO) not in sys.path:  # for tests.helpers
+    sys.path.insert(0, str(REPO))
+
+from tests.helpers import free_port, ray_tmpdir  # noqa: E402
+
 API_KEY = "bench-" + secrets.token_hex(8)
 JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+JSON_HEADERS = {"Content-Type": "application/json"}
+QUERY = "/v1/vectors/query"
 
 
-# -- data -----------------------------------------------------------------------------------
-def clustered(
-    n: int, d: int, n_clusters: int = 100, seed: int = 0, spread: float = 0.15
-) -> np.ndarray:
-    """Synthetic clustered vectors: Gaussian blobs around random centres.
-
-    The same generator as ``tests/conftest.py::clustered`` (copied, not imported).
-    """
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(n_clusters, d)).astype(np.float32)
-    labels = rng.integers(0, n_clusters, size=n)
-    return (centres[labels] + spread * rng.normal(size=(n, d))).astype(np.float32)
-
-
-def load_sift(path: Path = SIFT_PATH) -> np.ndarray | None:
-    """The 5,000 real SIFT descriptors (128 values + an id column), or None when absent."""
-    if not path.exists():
-        return None
-    data = np.loadtxt(path, dtype=np.float32, delimiter="\t")
-    return np.ascontiguousarray(data[:, :128])
-
-
-# -- ground truth and recall ----------------------------------------------------------------
-def exact_knn(
-    x: np.ndarray, q: np.ndarray, k: int, chunk: int = 256
-) -> tuple[np.ndarray, np.ndarray]:
-    """Brute-force numpy k-NN under squared L2: (distances, row numbers), ascending."""
-    x64 = x.astype(np.float64)
-    xx = (x64 * x64).sum(axis=1)
-    out_d = np.empty((len(q), k), dtype=np.float64)
-    out_i = np.empty((len(q), k), dtype=np.int64)
-    for start in range(0, len(q), chunk):
-        qq = q[start : start + chunk].astype(np.float64)
-        d = xx[None, :] - 2.0 * (qq @ x64.T) + (qq * qq).sum(axis=1)[:, None]
-        part = np.argpartition(d, k - 1, axis=1)[:, :k]
-        dp = np.take_along_axis(d, part, axis=1)
-        order = np.argsort(dp, axis=1, kind="stable")
-        out_i[start : start + chunk] = np.take_along_axis(part, order, axis=1)
-        out_d[start : start + chunk] = np.take_along_axis(dp, order, axis=1)
-    return np.maximum(out_d, 0), out_i
-
-
+# -- raw faiss and recall ---------------------------------------------------------------------
 def locality_search(
     index: faiss.IndexIVF, q: np.ndarray, k: int, list_rank: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -95,18 +62,6 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     for f, t in zip(found[:, :k], truth[:, :k]):
         hits += len(np.intersect1d(f[f >= 0], t))
     return hits / (len(truth) * k)
-
-
-def recall_ties(found: np.ndarray, x: np.ndarray, q: np.ndarray, kth: np.ndarray, k: int) -> float:
-    """Tie-aware recall@k: a result counts if its true distance is within the exact k-th one."""
-    ok = 0
-    for i in range(len(q)):
-        f = found[i, :k]
-        f = f[f >= 0]
-        if len(f):
-            d = ((x[f].astype(np.float64) - q[i].astype(np.float64)) ** 2).sum(axis=1)
-            ok += int((d <= kth[i] * (1 + 1e-6) + 1e-9).sum())
-    return min(1.0, ok / (len(q) * k))
 
 
 # -- timing ---------------------------------------------------------------------------------
@@ -349,12 +304,6 @@ def print_table(
 
 
 # -- the service ----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Service:
     url: str
@@ -363,11 +312,12 @@ class Service:
 
 
 @contextlib.contextmanager
-def running_service(keep: bool = False, **overrides: Any) -> Iterator[Service]:
+def running_service(**overrides: Any) -> Iterator[Service]:
     """Start a private local Ray + Serve running vaultvec in this process; tear it down after.
 
-    Ray is initialised here with ``address="local"`` and its own temp dir, so a Ray cluster
-    that somebody else runs on the machine is never joined.
+    Ray is initialised here with ``address="local"`` and its own temp dir (tests.helpers.
+    ray_tmpdir, which also holds the storage and is removed afterwards), so a Ray cluster that
+    somebody else runs on the machine is never joined.
     """
     import ray
 
@@ -377,141 +327,128 @@ def running_service(keep: bool = False, **overrides: Any) -> Iterator[Service]:
 
     if ray.is_initialized():
         raise RuntimeError("Ray is already running in this process")
-    root = Path(tempfile.mkdtemp(prefix="vvbench-", dir="/tmp"))
-    storage = root / "store"
-    storage.mkdir()
-    port = free_port()
-    settings = Settings(
-        storage=f"file://{storage}",
-        port=port,
-        api_key=[API_KEY],
-        auto_train_threshold=10**9,
-        **overrides,
-    )
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(
-        address="local",
-        namespace=NAMESPACE,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=str(root / "ray"),
-        object_store_memory=1 << 30,
-    )
-    try:
-        t0 = time.perf_counter()
-        url = runtime.start(settings)
-        print(
-            f"vaultvec up at {url} in {time.perf_counter() - t0:.1f}s (storage {storage})",
-            flush=True,
+    with ray_tmpdir("vvbench-") as root:
+        storage = Path(root) / "store"
+        storage.mkdir()
+        settings = Settings(
+            storage=f"file://{storage}",
+            port=free_port(),
+            api_key=[API_KEY],
+            auto_train_threshold=10**9,
+            **overrides,
         )
-        yield Service(url, storage, settings)
-    finally:
+        os.environ.pop("RAY_ADDRESS", None)
+        ray.init(
+            address="local",
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=1 << 30,
+        )
         try:
-            runtime.stop()
+            t0 = time.perf_counter()
+            url = runtime.start(settings)
+            print(
+                f"vaultvec up at {url} in {time.perf_counter() - t0:.1f}s (storage {storage})",
+                flush=True,
+            )
+            yield Service(url, storage, settings)
         finally:
-            if not keep:
-                shutil.rmtree(root, ignore_errors=True)
+            runtime.stop()
 
 
-class Client:
-    """A thin JSON client over one keep-alive httpx.Client (orjson on both ends)."""
+# -- the project's client, set up for a benchmark --------------------------------------------
+def connect(url: str, **options: Any) -> Client:
+    """cluster.client.Client with the run's API key, a long timeout and requests of up to
+    64 MiB (so that one upsert batch of a benchmark is one request)."""
+    options = {"timeout": 1800.0, "max_request_bytes": 64 << 20, **options}
+    return Client(url, API_KEY, **options)
 
-    def __init__(self, url: str, timeout: float = 1800.0) -> None:
-        self.http = httpx.Client(
-            base_url=url,
-            headers={"X-API-Key": API_KEY, "Content-Type": "application/json"},
-            timeout=timeout,
-        )
 
-    def close(self) -> None:
-        self.http.close()
+def send(client: Client, path: str, content: bytes) -> httpx.Response:
+    """POST JSON bytes on the client's connection (its base URL, API key and pool)."""
+    return client.http.post(path, content=content, headers=JSON_HEADERS)
 
-    def post(self, path: str, body: dict[str, Any] | bytes) -> Any:
-        content = body if isinstance(body, bytes) else orjson.dumps(body, option=JSON_OPTS)
-        r = self.http.post(path, content=content)
-        if r.status_code != 200:
-            raise RuntimeError(f"POST {path} -> {r.status_code}: {r.text[:500]}")
-        return orjson.loads(r.content)
 
-    def health(self) -> None:
-        r = self.http.get("/v1/health")
-        if r.status_code != 200:
-            raise RuntimeError(f"GET /v1/health -> {r.status_code}")
+def post(client: Client, path: str, body: bytes | dict[str, Any]) -> Any:
+    """POST ``body`` (JSON bytes encoded beforehand, or a dict encoded here) on the client's
+    connection and decode the JSON answer; raises on any status but 200. The timed requests go
+    this way: their bodies are encoded before the clock starts and their answers decoded as
+    plain JSON, which the client's own methods (encoding, typed results) would add to."""
+    content = body if isinstance(body, bytes) else orjson.dumps(body, option=JSON_OPTS)
+    r = send(client, path, content)
+    if r.status_code != 200:
+        raise RuntimeError(f"POST {path} -> {r.status_code}: {r.text[:500]}")
+    return orjson.loads(r.content)
 
-    def create(self, name: str, key: str, dim: int, index_type: str = "ivfflat") -> None:
-        self.post(
-            "/v1/indexes/create",
-            {
-                "index_name": name,
-                "index_key": key,
-                "index_config": {"type": index_type, "dimension": dim},
-            },
-        )
 
-    def upsert(
-        self, name: str, key: str, x: np.ndarray, ids: Sequence[str], batch: int, label: str = ""
-    ) -> float:
-        """Upsert in batches of ``batch`` items with a progress line; returns the seconds taken."""
-        t0 = time.perf_counter()
-        n = len(x)
-        tty = sys.stdout.isatty()
-        every = max(1, -(-n // batch) // 10)  # without a terminal: about ten progress lines
-        for j, start in enumerate(range(0, n, batch)):
-            stop = min(n, start + batch)
-            items = [{"id": ids[i], "vector": x[i]} for i in range(start, stop)]
-            self.post("/v1/vectors/upsert", {"index_name": name, "index_key": key, "items": items})
-            el = time.perf_counter() - t0
-            line = f"  upsert {label}: {stop:>9,}/{n:,} items  {el:6.1f}s  {stop / max(el, 1e-9):8,.0f} items/s"
-            if tty:
-                sys.stdout.write("\r" + line)
-            elif (j + 1) % every == 0 or stop == n:
-                sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+def query(client: Client, body: bytes) -> Any:
+    """A query body from ``query_body`` posted: its ``results``."""
+    return post(client, QUERY, body)["results"]
+
+
+def health(client: Client) -> None:
+    """GET /v1/health, the no-op request the query latency is compared with."""
+    r = client.http.get("/v1/health")
+    if r.status_code != 200:
+        raise RuntimeError(f"GET /v1/health -> {r.status_code}")
+
+
+def query_body(
+    name: str,
+    key: str,
+    q: np.ndarray,
+    top_k: int,
+    n_probes: int | None = None,
+    greedy: bool = False,
+    include: list[str] | None = None,
+) -> bytes:
+    """The JSON body of a query on the JSON route, encoded once before it is timed."""
+    body: dict[str, Any] = {"index_name": name, "index_key": key, "query_vectors": q}
+    body["top_k"] = top_k
+    if n_probes:
+        body["n_probes"] = n_probes
+    if greedy:
+        body["greedy"] = True
+    if include is not None:
+        body["include"] = include
+    return orjson.dumps(body, option=JSON_OPTS)
+
+
+def upsert_batches(
+    idx: Any, x: np.ndarray, ids: Sequence[str], batch: int, label: str = ""
+) -> float:
+    """``idx.upsert`` (cluster.client Index) of ``batch`` items at a time, with a progress line;
+    returns the seconds taken."""
+    t0 = time.perf_counter()
+    n = len(x)
+    tty = sys.stdout.isatty()
+    every = max(1, -(-n // batch) // 10)  # without a terminal: about ten progress lines
+    for j, start in enumerate(range(0, n, batch)):
+        stop = min(n, start + batch)
+        idx.upsert(ids[start:stop], x[start:stop])
+        el = time.perf_counter() - t0
+        line = f"  upsert {label}: {stop:>9,}/{n:,} items  {el:6.1f}s  {stop / max(el, 1e-9):8,.0f} items/s"
         if tty:
-            sys.stdout.write("\n")
-        return time.perf_counter() - t0
+            sys.stdout.write("\r" + line)
+        elif (j + 1) % every == 0 or stop == n:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    if tty:
+        sys.stdout.write("\n")
+    return time.perf_counter() - t0
 
-    def train(self, name: str, key: str, n_lists: int | None = None) -> tuple[float, str]:
-        t0 = time.perf_counter()
-        body: dict[str, Any] = {"index_name": name, "index_key": key}
-        if n_lists:
-            body["n_lists"] = n_lists
-        status = self.post("/v1/indexes/train", body)["status"]
-        while status == "in_progress":
-            time.sleep(1.0)
-            running = self.http.get("/v1/indexes/training-status").json()["training_indexes"]
-            status = "in_progress" if name in running else "success"
-        return time.perf_counter() - t0, status
 
-    def describe(self, name: str, key: str) -> dict[str, Any]:
-        return self.post("/v1/indexes/describe", {"index_name": name, "index_key": key})
-
-    def query_body(
-        self,
-        name: str,
-        key: str,
-        q: np.ndarray,
-        top_k: int,
-        n_probes: int | None = None,
-        greedy: bool = False,
-        include: list[str] | None = None,
-    ) -> bytes:
-        body: dict[str, Any] = {
-            "index_name": name,
-            "index_key": key,
-            "query_vectors": q,
-            "top_k": top_k,
-        }
-        if n_probes:
-            body["n_probes"] = n_probes
-        if greedy:
-            body["greedy"] = True
-        if include is not None:
-            body["include"] = include
-        return orjson.dumps(body, option=JSON_OPTS)
-
-    def query(self, body: bytes) -> Any:
-        return self.post("/v1/vectors/query", body)["results"]
+def train_and_wait(client: Client, idx: Any, n_lists: int | None = None) -> tuple[float, str]:
+    """Train ``idx`` (``n_lists`` None or 0: automatic) and wait until it is done: (seconds,
+    status)."""
+    t0 = time.perf_counter()
+    status = idx.train(n_lists=n_lists or None)
+    while status == "in_progress":
+        time.sleep(1.0)
+        running = client.training_status()["training_indexes"]
+        status = "in_progress" if idx.name in running else "success"
+    return time.perf_counter() - t0, status
 
 
 def result_ids(results: list[list[dict[str, Any]]], k: int) -> np.ndarray:
@@ -521,10 +458,6 @@ def result_ids(results: list[list[dict[str, Any]]], k: int) -> np.ndarray:
         ids = [int(e["id"]) for e in row[:k]]
         out[i, : len(ids)] = ids
     return out
-
-
-def random_key() -> str:
-    return secrets.token_bytes(32).hex()
 
 
 def service_internals(name: str, key_hex: str) -> tuple[Any, np.ndarray | None]:
