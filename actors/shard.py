@@ -393,15 +393,7 @@ class Shard:
 
     def stats(self, key: bytes) -> ShardStats:
         with self._reading(key):
-            part = self.partition
-            return ShardStats(
-                count=len(self.items),
-                version=self.version,
-                extra={
-                    "dimension": part.dimension if part else None,
-                    "wal_records": self._wal_records,
-                },
-            )
+            return ShardStats(count=len(self.items), version=self.version)
 
     def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
         """Up to ``n`` live vectors in index space, for training."""
