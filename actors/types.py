@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -130,7 +130,6 @@ class Fetched:
 class ShardStats:
     count: int
     version: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def to_wire(obj: Any) -> bytes:
