@@ -33,6 +33,16 @@ def clustered(
     return (centres[labels] + spread * rng.normal(size=(n, d))).astype(np.float32)
 
 
+def write_fvecs(path: Path, x: np.ndarray) -> None:
+    """``x`` as an .fvecs file (per vector: int32 dimension, then float32 values), the format
+    the bulk driver reads (cluster.bulk.files.read_fvecs)."""
+    x = np.ascontiguousarray(x, dtype="<f4")
+    out = np.empty((len(x), x.shape[1] + 1), dtype="<i4")
+    out[:, 0] = x.shape[1]
+    out[:, 1:] = x.view("<i4")
+    out.tofile(path)
+
+
 def load_sift(path: Path = SIFT_PATH) -> np.ndarray | None:
     """The 5,000 real SIFT descriptors (128 values per row; the file's id column dropped), or
     None when the file is absent: it lives in the shared data directory, outside the repository.

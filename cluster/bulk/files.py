@@ -149,14 +149,6 @@ def read_fvecs(path: Path) -> np.ndarray:
     return raw.reshape(-1, d + 1)[:, 1:].view("<f4")
 
 
-def write_fvecs(path: Path, x: np.ndarray) -> None:
-    x = np.ascontiguousarray(x, dtype="<f4")
-    out = np.empty((len(x), x.shape[1] + 1), dtype="<i4")
-    out[:, 0] = x.shape[1]
-    out[:, 1:] = x.view("<i4")
-    out.tofile(path)
-
-
 def count_lines(path: Path) -> int:
     n = 0
     with open(path, "rb") as f:

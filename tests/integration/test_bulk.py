@@ -19,10 +19,10 @@ import orjson
 import pytest
 
 from cluster import bulk
-from cluster.bulk.files import Batch, write_fvecs
+from cluster.bulk.files import Batch
 from cluster.client import Client, QueryResult, generate_key
 from cluster.client.errors import AuthenticationError, IndexNotFoundError, InvalidRequestError
-from tests.helpers import clustered
+from tests.helpers import clustered, write_fvecs
 from tests.integration.conftest import API_KEY, Service
 from tests.integration.support import unique_name
 

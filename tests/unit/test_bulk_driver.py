@@ -14,10 +14,10 @@ import pytest
 
 from cluster import bulk
 from cluster.bulk import transports
-from cluster.bulk.files import Batch, Source, write_fvecs
+from cluster.bulk.files import Batch, Source
 from cluster.client import QueryResult
 from cluster.client.errors import InvalidRequestError
-from tests.helpers import exact_knn
+from tests.helpers import exact_knn, write_fvecs
 
 
 class FakeTransport:
