@@ -25,7 +25,14 @@ from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unavailabl
 from actors.partition import centroids_of, deserialize, serialize
 from actors.shard import Shard
 from actors.store import Store, open_store
-from actors.training import TrainParams, auto_n_lists, calibrate_nprobe, sample_size, train_template
+from actors.training import (
+    TrainParams,
+    auto_n_lists,
+    calibrate_nprobe,
+    calibrate_probing,
+    sample_size,
+    train_template,
+)
 from actors.types import IndexConfig, IndexMeta
 
 NAMESPACE = "vaultvec"
@@ -300,8 +307,13 @@ class ControlPlane:
             sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params, sq_bits=cfg.sq_bits
         )
         table = calibrate_nprobe(template, sample, cfg.recall_target)
+        probing = calibrate_probing(template, sample, cfg.recall_target, table, len(shards))
         new_cfg = cfg.evolve(
-            version=cfg.version + 1, n_lists=n_lists, trained_size=total, nprobe_table=table
+            version=cfg.version + 1,
+            n_lists=n_lists,
+            trained_size=total,
+            nprobe_table=table,
+            probe_table=probing,
         )
         blob = serialize(template)
         persistence.write_template(self.store, key, new_cfg, blob)

@@ -116,6 +116,7 @@ class PartitionIndex:
             index.set_direct_map_type(faiss.DirectMap.NoMap)
         self.radii = radii if radii is not None else np.zeros(index.nlist, dtype=np.float32)
         self.list_of = np.empty(0, dtype=np.int32)  # label -> list number, -1: not here
+        self._sizes: np.ndarray | None = None  # items per list, until list_of changes
         self.churn = 0  # entries added or removed since the lists were last laid out exactly
         for list_no in range(index.nlist):
             ids = self._ids(list_no)
@@ -228,6 +229,7 @@ class PartitionIndex:
                 removed += len(ids) - keep
             self.index.ntotal = self.ntotal - removed
         self.list_of[labels] = -1
+        self._sizes = None
         self.churn += len(labels)
 
     def needs_layout(self) -> bool:
@@ -296,6 +298,7 @@ class PartitionIndex:
             grown[: len(self.list_of)] = self.list_of
             self.list_of = grown
         self.list_of[labels] = list_nos
+        self._sizes = None
 
     def _groups(self, labels: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(list number, rows of ``labels`` in that list) for each list holding some."""
@@ -359,14 +362,168 @@ class PartitionIndex:
             distances, labels = request_order(order, distances, labels)
         return distances, labels
 
+    def list_counts(self, selector_bits: np.ndarray | None = None) -> np.ndarray:
+        """Items per list, or with a filter the matching items per list: (nlist,) int64.
+
+        The counts come from the label -> list map and the filter's bitmap, so they cost one
+        pass over the labels, as evaluating the filter did."""
+        placed = self.list_of
+        if selector_bits is None:
+            if self._sizes is None:  # kept until an add or removal: unfiltered queries reuse it
+                self._sizes = np.bincount(placed[placed >= 0], minlength=self.nlist)
+            return self._sizes
+        n = min(len(placed), len(selector_bits) * 8)
+        mask = np.unpackbits(selector_bits, count=n, bitorder="little").view(bool)
+        placed = placed[:n][mask]
+        return np.bincount(placed[placed >= 0], minlength=self.nlist)
+
+    def search_adaptive(
+        self,
+        x: np.ndarray,
+        k: int,
+        list_nos: np.ndarray,
+        coarse_dis: np.ndarray,
+        selector_bits: np.ndarray | None,
+        first: int,
+        slack: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Automatic probing: how many lists each query scans is chosen from what it finds.
+
+        1. Each query scans its ``first`` nearest lists, more if those hold fewer than ``k``
+           items that the filter matches (the per-list match counts come from the filter's
+           bitmap), so that the first pass has a k-th distance to go by.
+        2. With ``D1`` the squared distance to its nearest centroid and ``Dk`` its k-th squared
+           distance after the first pass, every further list whose centroid lies within
+           ``D1 + slack * Dk`` is scanned too, except lists holding no matching item.
+
+        A query far from every centroid, or one whose filter leaves few candidates nearby,
+        has a large ``Dk`` and scans more lists; one deep inside a dense list scans few. Queries
+        whose plan (the gateway's ``list_nos``) is too short for the rule have their lists
+        assigned here, wider. Returns (distances, labels, lists scanned per query).
+        """
+        counts = self.list_counts(selector_bits)
+        return self._adaptive(x, k, list_nos, coarse_dis, selector_bits, first, slack, counts)
+
+    def _first_pass(
+        self,
+        x: np.ndarray,
+        k: int,
+        list_nos: np.ndarray,
+        coarse_dis: np.ndarray,
+        selector_bits: np.ndarray | None,
+        first: int,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step 1 of :meth:`search_adaptive`: (distances, labels, lists it scanned per query,
+        plan columns it covered per query, per-column match counts)."""
+        plan = list_nos.shape[1]
+        c = counts[np.maximum(list_nos, 0)] * (list_nos >= 0)
+        enough = np.cumsum(c, axis=1) >= k
+        reach = np.where(enough.any(axis=1), enough.argmax(axis=1) + 1, plan)
+        p1 = np.minimum(np.maximum(reach, first), plan)
+        w1 = int(p1.max())
+        take1 = (np.arange(w1)[None, :] < p1[:, None]) & (c[:, :w1] > 0)
+        distances, labels = self.search(
+            x, k, np.where(take1, list_nos[:, :w1], -1), coarse_dis[:, :w1], selector_bits
+        )
+        return distances, labels, take1.sum(axis=1), p1, c
+
+    def _adaptive(
+        self,
+        x: np.ndarray,
+        k: int,
+        list_nos: np.ndarray,
+        coarse_dis: np.ndarray,
+        selector_bits: np.ndarray | None,
+        first: int,
+        slack: float,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nq, plan = list_nos.shape
+        if nq == 0 or plan == 0:
+            empty = np.full((nq, k), np.inf, dtype=np.float32)
+            return empty, np.full((nq, k), -1, dtype=np.int64), np.zeros(nq, dtype=np.int64)
+        distances, labels, scanned, p1, c = self._first_pass(
+            x, k, list_nos, coarse_dis, selector_bits, first, counts
+        )
+        # 2. further lists within D1 + slack * Dk (Dk is inf when the first pass found < k).
+        with np.errstate(over="ignore"):
+            bound = coarse_dis[:, :1] + slack * distances[:, k - 1 : k]
+        take2 = (np.arange(plan)[None, :] >= p1[:, None]) & (c > 0) & (coarse_dis < bound)
+        # A plan that ends inside the bound (or before k matches) may be too short.
+        cut = (coarse_dis[:, -1] < bound[:, 0]) | (np.cumsum(c, axis=1)[:, -1] < k)
+        wider = np.flatnonzero(cut) if plan < self.nlist else np.zeros(0, dtype=np.int64)
+        take2[wider] = False
+        rows = np.flatnonzero(take2.any(axis=1))
+        if len(rows):
+            lo = int(p1[rows].min())
+            d2, l2 = self.search(
+                x[rows],
+                k,
+                np.where(take2[rows, lo:], list_nos[rows, lo:], -1),
+                coarse_dis[rows, lo:],
+                selector_bits,
+            )
+            distances[rows], labels[rows] = merge_topk([distances[rows], d2], [labels[rows], l2], k)
+            scanned += take2.sum(axis=1)
+        if len(wider):
+            # These queries start over on a plan four times as long, assigned here (the work
+            # already done is counted); the first pass and its k-th distance come out the same.
+            width = min(self.nlist, 4 * plan)
+            xw = np.ascontiguousarray(x[wider])
+            dis_w, lists_w = self.assign(xw, width)
+            dw, lw, sw = self._adaptive(xw, k, lists_w, dis_w, selector_bits, first, slack, counts)
+            distances[wider], labels[wider] = dw, lw
+            scanned[wider] += sw
+        return distances, labels, scanned
+
+    def slack_needed(
+        self,
+        x: np.ndarray,
+        k: int,
+        list_nos: np.ndarray,
+        coarse_dis: np.ndarray,
+        selector_bits: np.ndarray | None,
+        first: int,
+        labels: np.ndarray,
+    ) -> np.ndarray:
+        """For results ``labels`` (nq, k; -1 = none) of queries ``x``: the smallest slack with
+        which :meth:`search_adaptive` scans each one's list (0 when the first pass does; nan
+        for -1). The first pass does not depend on the slack, so one exact search tells how
+        recall grows with it."""
+        counts = self.list_counts(selector_bits)
+        found, _, _, p1, _ = self._first_pass(
+            x, k, list_nos, coarse_dis, selector_bits, first, counts
+        )
+        kth = found[:, -1]
+        out = np.full(labels.shape, np.nan, dtype=np.float64)
+        valid = labels >= 0
+        if not valid.any():
+            return out
+        lists = np.full(labels.shape, -1, dtype=np.int64)
+        lists[valid] = self.list_of[labels[valid]]
+        w1 = int(p1.max())
+        firsts = np.where(np.arange(w1)[None, :] < p1[:, None], list_nos[:, :w1], -2)
+        in_first = (firsts[:, None, :] == lists[:, :, None]).any(axis=2)
+        centroids = self.index.quantizer.reconstruct_n(0, self.nlist)
+        rows, cols = np.nonzero(valid)
+        diff = x[rows] - centroids[lists[rows, cols]]
+        d_list = np.einsum("ij,ij->i", diff, diff)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = (d_list - coarse_dis[rows, 0]) / kth[rows].astype(np.float64)
+        need = np.where(np.isfinite(need), np.maximum(need, 0.0), 0.0)
+        out[rows, cols] = np.where(in_first[rows, cols], 0.0, need)
+        return out
+
     def search_greedy(
         self, x: np.ndarray, k: int, start_nprobe: int, selector_bits: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Probe lists in centroid order until no unprobed list can hold a closer point.
 
         A point p in list j satisfies |q - p| >= |q - c_j| - r_j (r_j: the list's radius), so a
         query is done once the smallest such bound over its unprobed lists reaches its k-th
-        distance. Unfinished queries double their probe count each round.
+        distance. Unfinished queries double their probe count each round. Returns (distances,
+        labels, lists probed per query).
         """
         nlist = self.nlist
         dis_c, lists = self.assign(x, nlist)
@@ -381,7 +538,7 @@ class PartitionIndex:
             kth = np.sqrt(np.maximum(distances[:, k - 1], 0))
             todo = np.flatnonzero((probed < nlist) & (suffix_min[np.arange(len(x)), probed] < kth))
             if len(todo) == 0:
-                return distances, labels
+                return distances, labels, probed
             start = int(probed[todo].min())
             stop = min(nlist, 2 * int(probed[todo].max()))
             # Queries in one round share a window [start, stop); lists a query already probed

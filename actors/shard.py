@@ -39,6 +39,7 @@ from actors.types import (
     UpsertBatch,
     auto_nprobe,
     from_wire,
+    probe_slack,
     to_wire,
 )
 
@@ -339,8 +340,27 @@ class Shard:
                 return SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version), 0
             bits, n_match = self.items.selection(req.filter)
             nprobe = req.list_nos.shape[1]
+            scanned = nq * nprobe
+            needed, bucket = None, 0
             if req.greedy:
-                dist, labels = part.search_greedy(req.queries, k, nprobe, bits)
+                dist, labels, per_query = part.search_greedy(req.queries, k, nprobe, bits)
+                scanned = int(per_query.sum())
+            elif req.probe_first > 0 and req.version == self.version:
+                slack, base, bucket = probe_slack(
+                    req.probe_slack, req.probe_scale, n_match / max(1, len(self.items))
+                )
+                if req.measure:  # exact, and the scale each result needs (engine._measure)
+                    coarse, list_nos = part.assign(req.queries, part.nlist)
+                    dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
+                    needed = part.slack_needed(
+                        req.queries, k, list_nos, coarse, bits, req.probe_first, labels
+                    ) / max(base, 1e-12)
+                    scanned = nq * part.nlist
+                else:
+                    dist, labels, per_query = part.search_adaptive(
+                        req.queries, k, req.list_nos, req.coarse_dis, bits, req.probe_first, slack
+                    )
+                    scanned = int(per_query.sum())
             else:
                 list_nos, coarse = req.list_nos, req.coarse_dis
                 if req.version != self.version:
@@ -348,11 +368,13 @@ class Shard:
                     # way or its view is stale): assign locally, with this version's probes.
                     nprobe = req.n_probes or auto_nprobe(self.nprobe_table, part.nlist, k)
                     coarse, list_nos = part.assign(req.queries, nprobe)
+                    scanned = nq * min(nprobe, part.nlist)
                 dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
             dist[labels < 0] = np.inf
             ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
-            return SearchResult(dist, ids, meta, self.version), n_match
+            result = SearchResult(dist, ids, meta, self.version, scanned, needed, bucket)
+            return result, n_match
 
     def get(
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool

@@ -41,6 +41,10 @@ class IndexConfig:
     # (top_k, n_probes) pairs from calibration, ascending top_k.
     nprobe_table: tuple[tuple[int, int], ...] = ()
     recall_target: float = 0.95
+    # Automatic probing (PartitionIndex.search_adaptive): (top_k, first, slack unfiltered,
+    # slack under a 10% filter) from calibration, ascending top_k; empty (an index trained
+    # before it existed) = the fixed table.
+    probe_table: tuple[tuple[int, int, float, float], ...] = ()
 
     @property
     def is_trained(self) -> bool:
@@ -49,12 +53,16 @@ class IndexConfig:
     def to_json(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["nprobe_table"] = [list(p) for p in self.nprobe_table]
+        d["probe_table"] = [list(p) for p in self.probe_table]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> IndexConfig:
         d = dict(d)
         d["nprobe_table"] = tuple(tuple(p) for p in d.get("nprobe_table", ()))
+        d["probe_table"] = tuple(
+            (int(k), int(f), float(a), float(b)) for k, f, a, b in d.get("probe_table", ())
+        )
         return cls(**d)
 
     def evolve(self, **changes: Any) -> IndexConfig:
@@ -62,6 +70,21 @@ class IndexConfig:
 
     def auto_nprobe(self, top_k: int) -> int:
         return auto_nprobe(self.nprobe_table, self.n_lists, top_k)
+
+    def auto_probing(self, top_k: int) -> tuple[int, tuple[float, float]] | None:
+        """(first, (slack unfiltered, slack under a 10% filter)) of automatic probing for
+        ``top_k`` results; None: use the fixed table.
+
+        Past the largest calibrated top_k, ``first`` grows with sqrt(top_k) as the fixed
+        n_probes does and the slacks stay (the k-th distance they multiply grows by itself)."""
+        if not self.probe_table or not self.is_trained:
+            return None
+        for k, first, slack, slack_filtered in self.probe_table:
+            if top_k <= k:
+                return min(first, self.n_lists), (slack, slack_filtered)
+        k_max, first_max, slack, slack_filtered = self.probe_table[-1]
+        first = int(np.ceil(first_max * np.sqrt(top_k / k_max)))
+        return min(max(first, first_max), self.n_lists), (slack, slack_filtered)
 
 
 def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) -> int:
@@ -108,6 +131,14 @@ class SearchRequest:
     # The caller's explicit n_probes (0 = automatic): what a shard uses when it holds another
     # training version than the gateway planned with and must assign the lists itself.
     n_probes: int = 0
+    # Automatic probing (probe_first > 0): scan ``probe_first`` of the planned lists, then those
+    # the slack admits (PartitionIndex.search_adaptive); 0 = scan every planned list, as given.
+    # Slacks and the gateway's scales for (unfiltered, a filter matching <= 10%): see
+    # probe_slack below. ``measure``: answer exactly and tell the slack each result needed.
+    probe_first: int = 0
+    probe_slack: tuple[float, float] = (0.0, 0.0)
+    probe_scale: tuple[float, ...] = (1.0, 1.0, 1.0)
+    measure: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +147,31 @@ class SearchResult:
     ids: StringBlock  # (nq, k) str or None
     metadata: np.ndarray | None  # (nq, k) object: bytes (JSON) or None
     version: int
+    lists_scanned: int = 0  # inverted lists this shard scanned, summed over the queries
+    # measure requests: per result, the probing scale that finds it (nan: no result), and
+    # which scale the shard applied (selectivity bucket of probe_slack)
+    needed: np.ndarray | None = None
+    bucket: int = 0
+
+
+# Kinds of query whose probing scale the gateway fits apart (serve_app.probing): 0 unfiltered
+# (or a filter matching at least BROAD of the items), 1 a broad filter, 2 a selective one
+# (matching less than SELECTIVE).
+BROAD, SELECTIVE = 0.95, 0.3
+BUCKETS = ("unfiltered", "broad_filter", "selective_filter")
+
+
+def probe_slack(
+    slacks: tuple[float, float], scales: tuple[float, ...], selectivity: float
+) -> tuple[float, float, int]:
+    """(slack, calibrated slack, bucket) for a query whose filter matches ``selectivity`` of
+    the items: the calibrated slack interpolated on log10(selectivity) between the unfiltered
+    one (1) and the 10% one (0.1, and below), times the gateway's scale for its bucket."""
+    w = float(np.clip(-np.log10(max(selectivity, 1e-12)), 0.0, 1.0))
+    a, b = slacks
+    base = float(np.exp((1 - w) * np.log(max(a, 1e-12)) + w * np.log(max(b, 1e-12))))
+    bucket = 0 if selectivity >= BROAD else 1 if selectivity >= SELECTIVE else 2
+    return base * scales[bucket], base, bucket
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,12 @@ class Gateway:
         # would be copied into it instead of shared with the routes.
         configure_replica(
             s,
-            Engine(control_plane(s), retries=s.shard_retries, timeout_s=s.shard_timeout_s),
+            Engine(
+                control_plane(s),
+                retries=s.shard_retries,
+                timeout_s=s.shard_timeout_s,
+                recall_sample_share=s.recall_sample_share,
+            ),
             embedder,  # DeploymentHandle of the Embedder (text -> vectors)
         )
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a

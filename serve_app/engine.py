@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import faiss
 import numpy as np
@@ -36,6 +36,7 @@ from actors.types import (
     shard_assignment,
     to_wire,
 )
+from serve_app.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
 T = TypeVar("T")
@@ -66,6 +67,23 @@ class Hits:
     ids: StringBlock
     metadata: np.ndarray | None
     counts: np.ndarray  # results per query
+    # Inverted lists scanned, summed over the queries (each query's count averaged over the
+    # shards, which may choose differently under automatic probing).
+    lists_scanned: float = 0.0
+    needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
+    bucket: int = 0
+
+
+class Probing(NamedTuple):
+    """Automatic probing's parameters for a request (SearchRequest.probe_*)."""
+
+    first: int
+    slacks: tuple[float, float]
+    scales: tuple[float, ...]
+    measure: bool = False
+
+
+NO_PROBING = Probing(0, (0.0, 0.0), (1.0, 1.0, 1.0))
 
 
 class StaleIndex(Unavailable):
@@ -97,8 +115,11 @@ class Engine:
         retries: int = 3,
         retry_backoff_s: float = 0.2,
         timeout_s: float = 300.0,
+        recall_sample_share: float = 0.01,
     ) -> None:
         self.control = control
+        self.monitor = RecallMonitor(recall_sample_share)
+        self._measuring: set[asyncio.Task[None]] = set()
         self.retries = retries
         self.timeout_s = timeout_s
         self.retry_backoff_s = retry_backoff_s
@@ -248,10 +269,64 @@ class Engine:
         greedy: bool,
         with_metadata: bool,
     ) -> Hits:
-        """Top-k of a batch of queries; ``n_probes`` is the caller's value, 0 = automatic."""
+        """Top-k of a batch of queries; ``n_probes`` is the caller's value, 0 = automatic.
+
+        An explicit ``n_probes`` scans exactly that many lists per query, ``greedy`` probes
+        until its bound stops it; otherwise automatic probing (PartitionIndex.search_adaptive)
+        chooses per query, with the calibrated slack times this replica's probing scale, and a
+        share of the queries is measured against the exact answer (:meth:`_measure`)."""
         node = parse_filter(filter_)
-        nprobe = n_probes or cv.config.auto_nprobe(k)
-        return await self._search(cv, x, k, n_probes, nprobe, node, greedy, with_metadata)
+        cfg = cv.config
+        auto = None
+        if not (n_probes or greedy) and cv.quantizer is not None:
+            auto = cfg.auto_probing(k)
+        if auto is None:
+            nprobe = n_probes or cfg.auto_nprobe(k)
+            return await self._search(cv, x, k, n_probes, nprobe, node, greedy, with_metadata)
+        state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+        first, slacks = auto
+        probing = Probing(first, slacks, state.scales)
+        hits = await self._search(
+            cv, x, k, 0, plan_width(first), node, False, with_metadata, probing
+        )
+        state.queries += len(x)
+        state.lists_scanned += hits.lists_scanned
+        rows = self.monitor.pick(len(x), k)
+        if len(rows):
+            served = hits.ids.take_rows(rows).tolist()
+            task = asyncio.create_task(self._measure(cv, x[rows], k, node, probing, served))
+            self._measuring.add(task)
+            task.add_done_callback(self._measuring.discard)
+        return hits
+
+    async def _measure(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        k: int,
+        node: Any,
+        probing: Probing,
+        served: list[list[str | None]],
+    ) -> None:
+        """Answer sampled queries exactly, with the scale each exact result needs, and record
+        them (serve_app.probing); in the background, one at a time (RecallMonitor.pick samples
+        nothing meanwhile)."""
+        self.monitor.busy = True
+        try:
+            cfg = cv.config
+            # The shards search every list themselves: the plan sent is one list wide.
+            exact = await self._search(
+                cv, x, k, 0, 1, node, False, False, probing._replace(measure=True)
+            )
+            assert exact.needed is not None
+            state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+            state.record(exact.bucket, overlap(served, exact.ids.tolist()), exact.needed)
+        except Exception as exc:  # the query went on without it; say why, never what it was
+            log.warning(
+                "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
+            )
+        finally:
+            self.monitor.busy = False
 
     async def _search(
         self,
@@ -263,12 +338,28 @@ class Engine:
         node: Any,
         greedy: bool,
         with_metadata: bool,
+        probing: Probing | None = None,
     ) -> Hits:
         cfg = cv.config
         n_lists = cfg.n_lists if cv.quantizer is not None else 1
         nprobe = max(1, min(nprobe, n_lists))
         lists, coarse = self.plan(cv, x, nprobe)
-        req = SearchRequest(x, k, cfg.version, lists, coarse, node, greedy, with_metadata, explicit)
+        p = probing or NO_PROBING
+        req = SearchRequest(
+            x,
+            k,
+            cfg.version,
+            lists,
+            coarse,
+            node,
+            greedy,
+            with_metadata,
+            explicit,
+            p.first,
+            p.slacks,
+            p.scales,
+            p.measure,
+        )
         wire = shared(to_wire(req), len(cv.view.shards))
         answers = await self.fan_out(
             cv,
@@ -280,14 +371,17 @@ class Engine:
         # refresh the view so the next plans use the new quantizer.
         cv = await self.refresh_if_stale(cv, [p[0].version for p in parts])
         # Fewer than top_k results while more items match: the probed lists ran dry, so probe
-        # more lists for those queries (rare: tiny lists or a very selective filter).
+        # more lists for those queries (rare: tiny lists or a very selective filter; automatic
+        # probing widens by itself and does not get here).
         need = min(k, sum(p[1] for p in parts))
         short = np.flatnonzero(hits.counts < need)
         n_lists = cv.config.n_lists if cv.quantizer is not None else 1
-        if len(short) == 0 or greedy or nprobe >= n_lists:
+        if len(short) == 0 or greedy or nprobe >= n_lists or (probing and probing.measure):
             return hits
         wider = min(n_lists, nprobe * 4)
-        sub = await self._search(cv, x[short], k, explicit, wider, node, greedy, with_metadata)
+        sub = await self._search(
+            cv, x[short], k, explicit, wider, node, greedy, with_metadata, probing
+        )
         return patch(hits, short, sub)
 
     async def upsert_batches(
@@ -334,6 +428,12 @@ class Engine:
         if len(ids) <= INLINE_HASHES:
             return entries(parts)
         return await asyncio.to_thread(entries, parts)
+
+
+def plan_width(first: int) -> int:
+    """Lists the gateway assigns a query under automatic probing: room for the rule to widen
+    well past ``first`` (a shard assigns more itself for a query that needs them)."""
+    return 4 * first + 8
 
 
 def entries(parts: Sequence[Fetched]) -> dict[str, dict[str, Any]]:
@@ -391,9 +491,10 @@ def _upsert(key: bytes, batch: Any, handle: Any) -> Awaitable[Any]:
 
 def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
     """Per-shard top-k blocks -> global top-k (ascending distance)."""
+    needed = None
     if len(parts) == 1:
         p = parts[0]
-        d, ids, meta = p.distances, p.ids, p.metadata
+        d, ids, meta, needed = p.distances, p.ids, p.metadata, p.needed
     else:
         d = np.concatenate([p.distances for p in parts], axis=1)
         col = np.argsort(d, axis=1, kind="stable")[:, :k]
@@ -403,8 +504,13 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
         if with_metadata:
             blocks = [p.metadata for p in parts if p.metadata is not None]
             meta = np.take_along_axis(np.concatenate(blocks, axis=1), col, axis=1)
+        if all(p.needed is not None for p in parts):
+            cat = np.concatenate([p.needed for p in parts if p.needed is not None], axis=1)
+            needed = np.take_along_axis(cat, col, axis=1)
     counts = np.isfinite(d).sum(axis=1)
-    return Hits(d, ids, meta, counts)
+    scanned = sum(p.lists_scanned for p in parts) / len(parts)
+    bucket = max(p.bucket for p in parts)
+    return Hits(d, ids, meta, counts, scanned, needed, bucket)
 
 
 def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
@@ -417,4 +523,4 @@ def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
         meta[rows] = sub.metadata
     counts = hits.counts.copy()
     counts[rows] = sub.counts
-    return Hits(d, ids, meta, counts)
+    return Hits(d, ids, meta, counts, hits.lists_scanned + sub.lists_scanned)

@@ -194,6 +194,22 @@ class IndexConfigOut(Model):
     pq_bits: int = Field(description="0 unless ivfpq")
 
 
+class RecallReport(Model):
+    """Measured by this gateway replica on a share of the automatically probed queries
+    (VAULTVEC_RECALL_SAMPLE_SHARE), each also answered exactly in the background."""
+
+    estimate: float | None = Field(description="recall@top_k of the answers served; null: none")
+    target: float
+    sampled_queries: int
+    probe_scale: dict[str, float] = Field(
+        description="the calibrated slack's multiplier fitted to the measured queries: "
+        "unfiltered (or a filter matching >= 95% of the items), broad_filter (>= 30%), "
+        "selective_filter"
+    )
+    auto_queries: int
+    lists_scanned_per_query: float | None
+
+
 class DescribeResponse(Model):
     index_name: str
     index_type: IndexType
@@ -204,6 +220,9 @@ class DescribeResponse(Model):
     index_config: IndexConfigOut
     embedding_model: str | None
     num_vectors: int
+    recall: RecallReport | None = Field(
+        None, description="vaultvec: automatic probing's live recall estimate (null untrained)"
+    )
 
 
 class TrainingStatusResponse(Model):

@@ -63,6 +63,13 @@ class Settings(BaseSettings):
     auto_train_threshold: int = Field(ENGINE.auto_train_threshold, ge=1)
     retrain_factor: float = Field(ENGINE.retrain_factor, gt=1)
     recall_target: float = Field(ENGINE.recall_target, gt=0, le=1)
+    recall_sample_share: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="share of automatically probed queries also answered exactly in the "
+        "background to measure recall (serve_app/probing.py); 0 = never",
+    )
     train_wait_s: float = Field(ENGINE.train_wait_s, gt=0)
     wal_max_records: int = Field(ENGINE.wal_max_records, ge=1)
     idle_ttl_s: float = Field(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
 
 from actors.control import new_index_id
@@ -24,6 +26,7 @@ from serve_app.models import (
     TrainingStatusResponse,
     TrainRequest,
 )
+from serve_app.probing import IndexProbing
 
 router = APIRouter(
     prefix="/indexes", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
@@ -152,8 +155,20 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
             },
             "embedding_model": cfg.embedding_model,
             "num_vectors": num,
+            "recall": recall_report(engine, cfg),
         }
     )
+
+
+def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
+    """The live recall estimate of automatic probing at this gateway replica
+    (serve_app.probing); None until the index is trained."""
+    if not cfg.is_trained:
+        return None
+    state = engine.monitor.peek(cfg.index_id, cfg.version)
+    if state is None:
+        state = IndexProbing(cfg.version, cfg.recall_target)
+    return state.report()
 
 
 @router.post("/delete", response_model=StatusResponse)

@@ -100,6 +100,7 @@ def test_create_list_describe_delete_lifecycle(http):
             },
             "embedding_model": None,
             "num_vectors": 0,
+            "recall": None,  # vaultvec's live recall estimate: none until trained
         }
 
         items = [{"id": f"v{i}", "vector": [float(i + 1)] * 8} for i in range(5)]

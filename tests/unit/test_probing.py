@@ -1,0 +1,350 @@
+"""Automatic probing: the per-query rule (PartitionIndex.search_adaptive), what each result needs
+of it (slack_needed), its calibration, the gateway's live recall estimate and scales, and the
+engine around them with real shards in-process (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faiss
+import numpy as np
+import pytest
+
+from actors.control import IndexView
+from actors.partition import PartitionIndex, merge_topk, serialize
+from actors.shard import Shard
+from actors.training import (
+    TrainParams,
+    calibrate_nprobe,
+    calibrate_probing,
+    smallest_scale,
+    train_template,
+)
+from actors.types import (
+    IndexConfig,
+    IndexMeta,
+    SearchRequest,
+    UpsertBatch,
+    probe_slack,
+    shard_assignment,
+)
+from serve_app.engine import CachedView, Engine, merge
+from serve_app.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
+
+KEY = bytes(range(32))
+
+
+def blobs(n: int, d: int, seed: int, centres: int = 30, spread: float = 0.6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = np.random.default_rng(1000).normal(size=(centres, d)).astype(np.float32)
+    return (c[rng.integers(0, centres, n)] + spread * rng.normal(size=(n, d))).astype(np.float32)
+
+
+def exact(x: np.ndarray, q: np.ndarray, k: int, mask: np.ndarray | None = None) -> np.ndarray:
+    rows = np.arange(len(x)) if mask is None else np.flatnonzero(mask)
+    d = ((q[:, None, :] - x[rows][None, :, :]) ** 2).sum(axis=2)
+    return rows[np.argsort(d, axis=1, kind="stable")[:, :k]]
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(np.intersect1d(f, t)) / len(t) for f, t in zip(found, truth)]))
+
+
+@pytest.fixture(scope="module")
+def data() -> dict[str, Any]:
+    x = blobs(4000, 16, seed=1)
+    template = train_template(x, "ivfflat", 64, None, None, TrainParams(max_iters=10))
+    part = PartitionIndex(faiss.clone_index(template))
+    part.add(np.arange(len(x), dtype=np.int64), x)
+    # Queries off the data: points between two items, plus noise.
+    rng = np.random.default_rng(2)
+    q = (0.5 * (x[rng.integers(0, 4000, 60)] + x[rng.integers(0, 4000, 60)])).astype(np.float32)
+    q += rng.normal(scale=0.3, size=q.shape).astype(np.float32)
+    mask = rng.random(len(x)) < 0.05
+    return {"x": x, "template": template, "part": part, "q": q, "mask": mask}
+
+
+def bits_of(mask: np.ndarray | None) -> np.ndarray | None:
+    return None if mask is None else np.packbits(mask, bitorder="little")
+
+
+def test_list_counts_are_the_items_and_the_matches_per_list(data: dict[str, Any]) -> None:
+    part, x, mask = data["part"], data["x"], data["mask"]
+    _, lists = part.index.quantizer.search(x, 1)
+    np.testing.assert_array_equal(part.list_counts(), np.bincount(lists[:, 0], minlength=64))
+    np.testing.assert_array_equal(
+        part.list_counts(bits_of(mask)), np.bincount(lists[mask, 0], minlength=64)
+    )
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_unbounded_slack_is_exact_even_from_a_one_list_plan(
+    data: dict[str, Any], filtered: bool
+) -> None:
+    part, x, q = data["part"], data["x"], data["q"]
+    mask = data["mask"] if filtered else None
+    dis, lists = part.assign(q, 1)  # the rule assigns the lists it needs beyond the plan
+    _, labels, scanned = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 1, 1e9)
+    assert recall(labels, exact(x, q, 10, mask)) == 1.0
+    # Every list once, plus the first passes of the plans that proved too short.
+    assert (scanned <= 2 * 64).all() and scanned.mean() > 1
+
+
+def test_zero_slack_scans_the_first_lists_or_until_k_matches(data: dict[str, Any]) -> None:
+    part, _x, q, mask = data["part"], data["x"], data["q"], data["mask"]
+    dis, lists = part.assign(q, 40)
+    _d, labels, scanned = part.search_adaptive(q, 10, lists, dis, None, 3, 0.0)
+    _ref_d, ref_l = part.search(q, 10, lists[:, :3], dis[:, :3], None)
+    np.testing.assert_array_equal(labels, ref_l)
+    assert (scanned == 3).all()
+    # A 5% filter: the first pass goes on until its lists hold 10 matches, so 10 come back.
+    _, labels, scanned = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 3, 0.0)
+    assert (labels >= 0).all() and mask[labels].all()
+    assert scanned.mean() > 3
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_slack_needed_predicts_recall_exactly(data: dict[str, Any], filtered: bool) -> None:
+    part, x, q = data["part"], data["x"], data["q"]
+    mask = data["mask"] if filtered else None
+    truth = exact(x, q, 10, mask)
+    dis_all, lists_all = part.assign(q, part.nlist)
+    needed = part.slack_needed(q, 10, lists_all, dis_all, bits_of(mask), 4, truth)
+    dis, lists = part.assign(q, 24)
+    for slack in (0.05, 0.2, 0.5, 1.0):
+        _, labels, _ = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 4, slack)
+        assert recall(labels, truth) == pytest.approx(np.mean(needed < slack))
+
+
+def test_smallest_scale_is_the_exact_need_reaching_the_goal() -> None:
+    needed = np.array([[0.0, 0.0, 1.0, np.nan], [0.0, 2.0, 2.0, 2.0]])
+    # Recall above s: query 0 -> 2/3 below 1, 1 above it; query 1 -> 1/4 below 2, 1 above it.
+    assert smallest_scale(needed, 1.0) == pytest.approx(2.0, rel=1e-3)
+    assert smallest_scale(needed, 0.6) == pytest.approx(1.0, rel=1e-3)  # (1 + 1/4) / 2
+    assert smallest_scale(needed, 0.4) == 1 / 64  # the first pass alone: the smallest slack
+    assert smallest_scale(needed, 0.6) > 1.0  # strictly above the need (the bound is strict)
+    assert smallest_scale(np.full((2, 3), np.nan), 0.9) == 1 / 64
+
+
+def test_calibrated_probing_reaches_target_on_fresh_queries() -> None:
+    x = blobs(12_000, 24, seed=3, centres=60, spread=0.8)
+    base, fresh = x[:11_700], x[11_700:]
+    template = train_template(base, "ivfflat", 100, None, None, TrainParams(max_iters=10))
+    fixed = calibrate_nprobe(template, base, 0.95)
+    table = calibrate_probing(template, base, 0.95, fixed, n_shards=2)
+    assert [t[0] for t in table] == [1, 10, 100]
+    for k, first, slack, slack_filtered in table:
+        assert first == max(1, -(-dict(fixed)[k] // 2)) and 0 < slack <= slack_filtered
+    part = PartitionIndex(faiss.clone_index(template))
+    part.add(np.arange(len(base), dtype=np.int64), base)
+    _, first, slack, _ = table[1]
+    dis, lists = part.assign(fresh, 4 * first + 8)
+    _, labels, scanned = part.search_adaptive(fresh, 10, lists, dis, None, first, slack)
+    assert recall(labels, exact(base, fresh, 10)) >= 0.93
+    assert scanned.mean() < 100
+
+
+def test_probe_slack_interpolates_on_log_selectivity() -> None:
+    ones = (1.0, 1.0, 1.0)
+    assert probe_slack((0.2, 0.8), ones, 1.0) == (pytest.approx(0.2), pytest.approx(0.2), 0)
+    slack, base, bucket = probe_slack((0.2, 0.8), (1.5, 2.0, 3.0), 0.05)
+    assert base == pytest.approx(0.8) and slack == pytest.approx(2.4) and bucket == 2
+    _, base, bucket = probe_slack((0.2, 0.8), ones, 10**-0.5)
+    assert base == pytest.approx(0.4) and bucket == 1
+    assert probe_slack((0.2, 0.8), (1.5, 2.0, 3.0), 0.97)[2] == 0
+
+
+def test_config_keeps_its_probe_table_and_older_configs_use_the_fixed_one() -> None:
+    cfg = IndexConfig(
+        "n",
+        "i",
+        "ivfflat",
+        "euclidean",
+        2,
+        8,
+        version=1,
+        n_lists=500,
+        nprobe_table=((1, 4), (10, 8), (100, 20)),
+        probe_table=((1, 2, 0.3, 0.5), (10, 4, 0.25, 0.4), (100, 10, 0.2, 0.3)),
+    )
+    again = IndexConfig.from_json(cfg.to_json())
+    assert again == cfg
+    assert cfg.auto_probing(10) == (4, (0.25, 0.4))
+    assert cfg.auto_probing(400) == (20, (0.2, 0.3))
+    old = cfg.to_json()
+    del old["probe_table"]
+    assert IndexConfig.from_json(old).auto_probing(10) is None
+
+
+def test_bucket_fits_the_smallest_scale_reaching_target() -> None:
+    b = Bucket()
+    rng = np.random.default_rng(0)
+    for _ in range(MIN_SAMPLES - 1):
+        b.needed.append(rng.uniform(0, 2, 10))
+    b.fit(0.9)
+    assert b.scale == 1.0  # too few samples: unchanged
+    b.needed.append(rng.uniform(0, 2, 10))
+    b.fit(0.9)
+    assert 1.7 < b.scale <= 2.0  # 90% of needs are below 1.8, plus two standard errors
+    b.needed.clear()
+    for _ in range(50):
+        b.needed.append(rng.uniform(0, 0.2, 10))
+    b.fit(0.9)
+    assert b.scale < 0.25  # narrows too
+
+
+def test_index_probing_reports_the_served_recall_and_scales() -> None:
+    state = IndexProbing(version=1, target=0.95)
+    assert state.report()["estimate"] is None
+    needed = np.tile(np.array([0.0, 0.0, 3.0, np.nan]), (MIN_SAMPLES, 1))
+    state.record(2, np.full(MIN_SAMPLES, 2 / 3), needed)
+    report = state.report()
+    assert report["estimate"] == pytest.approx(0.6667, abs=1e-4)
+    assert report["sampled_queries"] == MIN_SAMPLES
+    scales = report["probe_scale"]
+    assert scales["unfiltered"] == scales["broad_filter"] == 1.0  # no samples
+    assert scales["selective_filter"] == pytest.approx(3.0, rel=1e-3)  # just above the need
+
+
+def test_monitor_samples_its_share_and_nothing_while_busy() -> None:
+    m = RecallMonitor(share=0.1, seed=0)
+    picked = sum(len(m.pick(100, 10)) for _ in range(200))
+    assert 1500 < picked < 2500
+    assert len(m.pick(10_000, 10)) <= 16
+    assert len(m.pick(100, 101)) == 0  # top_k past MAX_K is not measured
+    m.busy = True
+    assert len(m.pick(100, 10)) == 0
+    assert RecallMonitor(share=0.0).pick(100, 10).size == 0
+    assert overlap([["a", "b"], ["c"]], [["a", "x"], [None]]).tolist() == [0.5, 1.0]
+
+
+# -- the engine with real shards in-process ------------------------------------------------------
+class Ref:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Any:
+        async def done() -> Any:
+            return self.value
+
+        return done().__await__()
+
+
+class Handle:
+    """A shard handle that calls the Shard object in this process."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.requests: list[SearchRequest] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.shard, name)
+        handle = self
+
+        class Method:
+            def remote(self, *args: Any) -> Ref:
+                if name == "search_wire":
+                    from actors.types import from_wire
+
+                    handle.requests.append(from_wire(args[1]))
+                return Ref(method(*args))
+
+        return Method()
+
+
+@pytest.fixture
+def engine_index(tmp_path) -> tuple[Engine, CachedView, np.ndarray, list[Handle], Any]:
+    x = blobs(3000, 16, seed=5)
+    ids = [f"i{j}" for j in range(len(x))]
+    meta = [b'{"even": true}' if j % 2 == 0 else b'{"even": false}' for j in range(len(x))]
+    template = train_template(x, "ivfflat", 48, None, None, TrainParams(max_iters=10))
+    fixed = calibrate_nprobe(template, x, 0.95)
+    probing = calibrate_probing(template, x, 0.95, fixed, n_shards=2)
+    shards = [Shard(f"file://{tmp_path}", "p", "pid", s) for s in range(2)]
+    assign = shard_assignment(ids, 2)
+    for s, shard in enumerate(shards):
+        rows = np.flatnonzero(assign == s)
+        shard.upsert(
+            KEY,
+            UpsertBatch(
+                tuple(ids[i] for i in rows),
+                x[rows],
+                None,
+                tuple(meta[i] for i in rows),
+                (None,) * len(rows),
+            ),
+        )
+        shard.rebuild(KEY, 1, serialize(template), fixed)
+    cfg = IndexConfig(
+        "p",
+        "pid",
+        "ivfflat",
+        "euclidean",
+        2,
+        16,
+        version=1,
+        n_lists=48,
+        nprobe_table=fixed,
+        probe_table=probing,
+    )
+    handles = [Handle(s) for s in shards]
+    quantizer = faiss.IndexFlatL2(16)
+    quantizer.add(template.quantizer.reconstruct_n(0, 48))
+    view = IndexView(IndexMeta("p", "pid", b"s", b"v"), cfg, tuple(handles), None)
+    engine = Engine(None, recall_sample_share=1.0)
+    return engine, CachedView(view, KEY, quantizer), x, handles, template
+
+
+def test_explicit_n_probes_scans_exactly_those_lists_as_before(engine_index: Any) -> None:
+    engine, cv, x, handles, template = engine_index
+    q = blobs(20, 16, seed=9)
+    hits = asyncio.run(engine.search(cv, q, 10, 5, None, False, False))
+    req = handles[0].requests[-1]
+    assert req.list_nos.shape == (20, 5) and req.probe_first == 0 and not req.measure
+    assert hits.lists_scanned == 20 * 5
+    reference = faiss.clone_index(template)
+    reference.add(x)
+    reference.nprobe = 5
+    coarse, lists = template.quantizer.search(q, 5)
+    _, ref = reference.search_preassigned(q, 10, lists, coarse)
+    assert hits.ids.tolist() == [[f"i{j}" for j in row] for row in ref]
+    assert engine.monitor.peek("pid", 1) is None  # explicit queries are not sampled
+
+
+def test_automatic_probing_is_counted_measured_and_reported(engine_index: Any) -> None:
+    engine, cv, x, handles, _ = engine_index
+    q = blobs(8, 16, seed=11)
+
+    async def run() -> Any:
+        hits = await engine.search(cv, q, 10, 0, {"even": True}, False, False)
+        await asyncio.gather(*engine._measuring)
+        return hits
+
+    hits = asyncio.run(run())
+    req = handles[0].requests[0]
+    assert req.probe_first > 0 and req.probe_slack[0] > 0 and not req.measure
+    assert handles[0].requests[-1].measure
+    state = engine.monitor.peek("pid", 1)
+    assert state is not None and state.queries == 8 and state.sampled == 8
+    report = state.report()
+    assert report["lists_scanned_per_query"] == pytest.approx(hits.lists_scanned / 8)
+    even = np.arange(len(x)) % 2 == 0
+    truth = exact(x, q, 10, even)
+    found = np.array([[int(i[1:]) for i in row] for row in hits.ids.tolist()])
+    assert report["estimate"] == pytest.approx(recall(found, truth), abs=1e-4)
+
+
+def test_sharded_adaptive_equals_merging_the_partitions(engine_index: Any) -> None:
+    """Each shard applies the rule to its own lists; the gateway merges (as search does)."""
+    engine, cv, _x, handles, _ = engine_index
+    q = blobs(30, 16, seed=12)
+    first, slacks = cv.config.auto_probing(10) or (0, (0.0, 0.0))
+    coarse, lists = cv.quantizer.search(q, 4 * first + 8)
+    req = SearchRequest(q, 10, 1, lists, coarse, None, False, False, 0, first, slacks)
+    parts = [h.shard.search(KEY, req)[0] for h in handles]
+    hits = asyncio.run(engine.search(cv, q, 10, 0, None, False, False))
+    assert hits.ids.tolist() == merge(parts, 10, False).ids.tolist()
+    assert hits.lists_scanned == sum(p.lists_scanned for p in parts) / 2
+    d = [p.distances for p in parts]
+    np.testing.assert_array_equal(merge_topk(d, d, 10)[0], hits.distances)
