@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import faiss
@@ -337,7 +338,9 @@ class Shard:
             if part is None or part.ntotal == 0:
                 dist = np.full((nq, k), np.inf, dtype=np.float32)
                 meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
-                return SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version), 0
+                none = np.full((nq, k), np.nan) if req.measure else None  # no result to need
+                empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
+                return replace(empty, needed=none), 0
             bits, n_match = self.items.selection(req.filter)
             nprobe = req.list_nos.shape[1]
             scanned = nq * nprobe

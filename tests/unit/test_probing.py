@@ -348,3 +348,12 @@ def test_sharded_adaptive_equals_merging_the_partitions(engine_index: Any) -> No
     assert hits.lists_scanned == sum(p.lists_scanned for p in parts) / 2
     d = [p.distances for p in parts]
     np.testing.assert_array_equal(merge_topk(d, d, 10)[0], hits.distances)
+
+
+def test_an_empty_shard_answers_a_measure_request_with_no_needs(tmp_path) -> None:
+    shard = Shard(f"file://{tmp_path}", "e", "eid", 0)
+    q = blobs(3, 16, seed=1)
+    lists, coarse = np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.float32)
+    req = SearchRequest(q, 5, 0, lists, coarse, None, False, False, 0, 2, (0.3, 0.5), measure=True)
+    result, n_match = shard.search(KEY, req)
+    assert n_match == 0 and result.needed is not None and np.isnan(result.needed).all()
