@@ -31,6 +31,7 @@ from actors.types import (
 )
 from serve_app.engine import CachedView, Engine, merge
 from serve_app.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
+from tests.helpers import exact_knn
 
 KEY = bytes(range(32))
 
@@ -43,8 +44,7 @@ def blobs(n: int, d: int, seed: int, centres: int = 30, spread: float = 0.6) -> 
 
 def exact(x: np.ndarray, q: np.ndarray, k: int, mask: np.ndarray | None = None) -> np.ndarray:
     rows = np.arange(len(x)) if mask is None else np.flatnonzero(mask)
-    d = ((q[:, None, :] - x[rows][None, :, :]) ** 2).sum(axis=2)
-    return rows[np.argsort(d, axis=1, kind="stable")[:, :k]]
+    return rows[exact_knn(x[rows], q, k)[1]]
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
