@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import faiss
 import ray
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from ray import serve
 
 from actors import heap
@@ -49,9 +51,27 @@ def create_app() -> FastAPI:
     docs.install(app)
     # The API key (then the JSON content type) is checked before anything reads the body.
     app.add_middleware(
-        ApiKeyGate, open_paths={"/v1/health", *docs.PATHS}, open_prefixes=(docs.ASSETS + "/",)
+        ApiKeyGate,
+        open_paths={"/v1/health", *docs.PATHS},
+        open_prefixes=(docs.ASSETS + "/",),
+        json_routes=json_routes(routers, "/v1"),
     )
     return app
+
+
+def json_routes(routers: Iterable[APIRouter], prefix: str) -> set[tuple[str, str]]:
+    """(METHOD, path) of every route of ``routers`` (included under ``prefix``) that reads a
+    JSON body. Not from app.openapi(): a document built before Serve pickles the app leaves
+    FastAPI's caches in the copy, and the copy's document then gives every request body an
+    "example": {} (FastAPI tells an unset example by a sentinel object the copy does not keep).
+    """
+    return {
+        (method, prefix + route.path)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.body_field is not None
+        for method in route.methods or ()
+    }
 
 
 fastapi_app = create_app()

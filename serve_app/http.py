@@ -145,16 +145,21 @@ class ApiKeyGate:
     Runs before any route, so a request with a missing or wrong X-API-Key is answered 401, and
     then a body that is not ``application/json`` 415, without the app reading a byte of the
     body (DESIGN §3). ``open_paths`` (GET /v1/health, the docs) and paths under
-    ``open_prefixes`` pass unchecked."""
-
-    BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+    ``open_prefixes`` pass unchecked. The content type is checked only for ``json_routes``
+    ((method, path) of the routes that read a JSON body): any other request goes on to the
+    app's 404 or 405 (with Allow), whatever its body."""
 
     def __init__(
-        self, app: ASGIApp, open_paths: Collection[str] = (), open_prefixes: tuple[str, ...] = ()
+        self,
+        app: ASGIApp,
+        open_paths: Collection[str] = (),
+        open_prefixes: tuple[str, ...] = (),
+        json_routes: Collection[tuple[str, str]] = (),
     ) -> None:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.open_prefixes = open_prefixes
+        self.json_routes = frozenset(json_routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.is_open(scope):
@@ -170,7 +175,7 @@ class ApiKeyGate:
             refusal = error_response(401, "missing X-API-Key header")
         elif not key_matches(given, REPLICA.settings.api_key if REPLICA.settings else ()):
             refusal = error_response(401, "invalid API key")
-        elif scope["method"] in self.BODY_METHODS and not is_json(content_type):
+        elif (scope["method"], self.path(scope)) in self.json_routes and not is_json(content_type):
             refusal = error_response(415, not_json_detail(content_type))
         else:
             await self.app(scope, receive, send)
@@ -178,11 +183,16 @@ class ApiKeyGate:
         await refusal(scope, receive, send)  # sends the answer only: never calls receive()
 
     def is_open(self, scope: Scope) -> bool:
+        path = self.path(scope)
+        return path in self.open_paths or path.startswith(self.open_prefixes)
+
+    @staticmethod
+    def path(scope: Scope) -> str:
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        return path in self.open_paths or path.startswith(self.open_prefixes)
+        return path
 
 
 class _Replica:

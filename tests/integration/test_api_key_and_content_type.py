@@ -41,6 +41,34 @@ def test_body_that_is_not_json_is_415(anon, route, content, content_type):
     assert set(body) == {"status_code", "detail"}
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/indexes/list", "GET"),
+        ("POST", "/v1/indexes/training-status", "GET"),
+        ("PATCH", "/v1/embedding-models", "GET"),
+        ("PUT", "/v1/vectors/query", "POST"),
+    ],
+)
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded"])
+def test_method_a_route_does_not_take_is_405_whatever_the_body(
+    anon, method, path, allow, content_type
+):
+    # The content type matters only to a route that reads a JSON body (it was a 415 here).
+    headers = {"X-API-Key": API_KEY}
+    if content_type:
+        headers["Content-Type"] = content_type
+    r = anon.request(method, path, content=b"a=1", headers=headers)
+    error(r, 405)
+    assert r.headers["allow"] == allow
+
+
+def test_unknown_route_is_404_whatever_the_body(anon):
+    headers = {"X-API-Key": API_KEY, "Content-Type": "text/plain"}
+    error(anon.post("/v1/no-such-route", content=b"a", headers=headers), 404)
+    error(anon.post("/v1/no-such-route", json={}, headers={"X-API-Key": "wrong"}), 401)
+
+
 def test_json_with_a_charset_is_accepted(anon):
     r = anon.post(
         "/v1/vectors/query",

@@ -118,6 +118,42 @@ def test_post_that_is_not_json_is_415_without_reading_the_body(app, content_type
         assert content_type in detail
 
 
+def test_the_gate_checks_the_content_type_of_exactly_the_documented_bodies(app):
+    (gate,) = [m for m in app.user_middleware if m.cls is http.ApiKeyGate]
+    documented = {
+        (method.upper(), path)
+        for path, operations in app.openapi()["paths"].items()
+        for method, op in operations.items()
+        if "application/json" in op.get("requestBody", {}).get("content", {})
+    }
+    assert len(documented) == 15
+    assert gate.kwargs["json_routes"] == documented
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("PUT", "/v1/indexes/list", 405),
+        ("POST", "/v1/indexes/training-status", 405),
+        ("PATCH", "/v1/embedding-models", 405),
+        ("PUT", "/v1/vectors/query", 405),
+        ("POST", "/v1/no-such-route", 404),
+    ],
+)
+@pytest.mark.parametrize("content_type", [FORM, None])
+def test_only_a_route_that_reads_json_refuses_other_bodies(
+    app, method, path, expected, content_type
+):
+    headers = {"x-api-key": KEYS[0]}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    status, out_headers, body, received = call(app, method, path, headers, b"a=1")
+    assert (status, received) == (expected, 0)
+    contract_error(expected, body)
+    if expected == 405:
+        assert out_headers["allow"] in ("GET", "POST")
+
+
 @pytest.mark.parametrize(
     "content_type",
     [JSON, "application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"],
