@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from serve_app import arrays, service
-from serve_app.errors_doc import ERRORS
+from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
 from serve_app.models import (
     ArraysQueryRequest,
@@ -31,7 +31,10 @@ from serve_app.models import (
 )
 
 router = APIRouter(
-    prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+    prefix="/vectors",
+    route_class=Route,
+    dependencies=[Depends(require_api_key)],
+    responses=BODY_ROUTE_ERRORS,
 )
 
 

@@ -13,7 +13,7 @@ from actors.partition import default_pq_dim
 from actors.training import TrainParams
 from actors.types import IndexConfig, IndexMeta
 from serve_app import text
-from serve_app.errors_doc import CONFLICT, ERRORS
+from serve_app.errors_doc import BODY_ERRORS, CONFLICT, ERRORS
 from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
 from serve_app.models import (
     CreateIndexRequest,
@@ -81,7 +81,7 @@ def refuse_unsupported(body: CreateIndexRequest) -> None:
         raise InvalidRequest("full-text (BM25) fields are not supported (text_fields, full_text)")
 
 
-@router.post("/create", response_model=StatusResponse, responses=CONFLICT)
+@router.post("/create", response_model=StatusResponse, responses={**BODY_ERRORS, **CONFLICT})
 async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     engine, settings = engine_of(request), settings_of(request)
     refuse_unsupported(body)
@@ -126,7 +126,7 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     return JSON({"status": "success", "message": f"Index '{body.index_name}' created"})
 
 
-@router.post("/describe", response_model=DescribeResponse)
+@router.post("/describe", response_model=DescribeResponse, responses=BODY_ERRORS)
 async def describe_index(body: IndexRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
@@ -171,7 +171,7 @@ def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
     return state.report()
 
 
-@router.post("/delete", response_model=StatusResponse)
+@router.post("/delete", response_model=StatusResponse, responses=BODY_ERRORS)
 async def delete_index(body: IndexRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
@@ -180,7 +180,7 @@ async def delete_index(body: IndexRequest, request: Request) -> JSON:
     return JSON({"status": "success", "message": f"Index '{body.index_name}' deleted"})
 
 
-@router.post("/train", response_model=StatusResponse)
+@router.post("/train", response_model=StatusResponse, responses=BODY_ERRORS)
 async def train_index(body: TrainRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)

@@ -16,7 +16,7 @@ from actors.errors import InvalidRequest
 from actors.filters import parse_filter
 from serve_app import service, text
 from serve_app.engine import CachedView, Engine
-from serve_app.errors_doc import ERRORS
+from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import (
     JSON,
     OPTIONS,
@@ -44,7 +44,10 @@ from serve_app.models import (
 from serve_app.vectors import as_matrix
 
 router = APIRouter(
-    prefix="/vectors", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
+    prefix="/vectors",
+    route_class=Route,
+    dependencies=[Depends(require_api_key)],
+    responses=BODY_ROUTE_ERRORS,
 )
 
 
