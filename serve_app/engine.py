@@ -24,7 +24,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from actors.control import IndexView
 from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
-from actors.filters import parse_filter
+from actors.filters import FilterNode
 from actors.strings import StringBlock, concat_columns, replace_rows, take_along_columns
 from actors.types import (
     Fetched,
@@ -72,6 +72,18 @@ class Hits:
     lists_scanned: float = 0.0
     needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
     bucket: int = 0
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query's options as the engine takes them: validated, defaults applied
+    (serve_app.service.QueryParams builds it once per request, whatever the transport)."""
+
+    top_k: int
+    n_probes: int = 0  # 0 = automatic
+    filter: FilterNode | None = None
+    greedy: bool = False
+    with_metadata: bool = True
 
 
 class Probing(NamedTuple):
@@ -259,23 +271,20 @@ class Engine:
         coarse, lists = cv.quantizer.search(x, nprobe)
         return lists, coarse
 
-    async def search(
-        self,
-        cv: CachedView,
-        x: np.ndarray,
-        k: int,
-        n_probes: int,
-        filter_: Any,
-        greedy: bool,
-        with_metadata: bool,
-    ) -> Hits:
-        """Top-k of a batch of queries; ``n_probes`` is the caller's value, 0 = automatic.
+    async def search(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
+        """Top-k of a batch of queries ``x`` (nq, d), in index space.
 
-        An explicit ``n_probes`` scans exactly that many lists per query, ``greedy`` probes
+        An explicit ``q.n_probes`` scans exactly that many lists per query, ``q.greedy`` probes
         until its bound stops it; otherwise automatic probing (PartitionIndex.search_adaptive)
         chooses per query, with the calibrated slack times this replica's probing scale, and a
         share of the queries is measured against the exact answer (:meth:`_measure`)."""
-        node = parse_filter(filter_)
+        k, n_probes, node, greedy, with_metadata = (
+            q.top_k,
+            q.n_probes,
+            q.filter,
+            q.greedy,
+            q.with_metadata,
+        )
         cfg = cv.config
         auto = None
         if not (n_probes or greedy) and cv.quantizer is not None:

@@ -14,9 +14,10 @@ import numpy as np
 import orjson
 
 from actors.errors import InvalidRequest
+from actors.filters import parse_filter
 from actors.strings import StringBlock
 from actors.types import UpsertBatch
-from serve_app.engine import CachedView, Engine, Hits
+from serve_app.engine import CachedView, Engine, Hits, Query
 from serve_app.results import results_json, shape_results
 from serve_app.vectors import check_dimension, check_norms, to_index_space
 
@@ -226,7 +227,8 @@ async def search(
     check_dimension(x, cfg.dimension, field)
     check_norms(x, field)
     x, _ = to_index_space(x, cfg.metric, field)
-    return await engine.search(cv, x, top_k, n_probes or 0, filters, bool(greedy), with_metadata)
+    query = Query(top_k, n_probes or 0, parse_filter(filters), bool(greedy), with_metadata)
+    return await engine.search(cv, x, query)
 
 
 async def query_json(

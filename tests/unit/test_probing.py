@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from actors.control import IndexView
+from actors.filters import parse_filter
 from actors.partition import PartitionIndex, merge_topk, serialize
 from actors.shard import Shard
 from actors.training import (
@@ -29,7 +30,7 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
-from serve_app.engine import CachedView, Engine, merge
+from serve_app.engine import CachedView, Engine, Query, merge
 from serve_app.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
 from tests.helpers import exact_knn
 
@@ -299,7 +300,7 @@ def engine_index(tmp_path) -> tuple[Engine, CachedView, np.ndarray, list[Handle]
 def test_explicit_n_probes_scans_exactly_those_lists_as_before(engine_index: Any) -> None:
     engine, cv, x, handles, template = engine_index
     q = blobs(20, 16, seed=9)
-    hits = asyncio.run(engine.search(cv, q, 10, 5, None, False, False))
+    hits = asyncio.run(engine.search(cv, q, Query(10, 5, with_metadata=False)))
     req = handles[0].requests[-1]
     assert req.list_nos.shape == (20, 5) and req.probe_first == 0 and not req.measure
     assert hits.lists_scanned == 20 * 5
@@ -317,7 +318,9 @@ def test_automatic_probing_is_counted_measured_and_reported(engine_index: Any) -
     q = blobs(8, 16, seed=11)
 
     async def run() -> Any:
-        hits = await engine.search(cv, q, 10, 0, {"even": True}, False, False)
+        hits = await engine.search(
+            cv, q, Query(10, filter=parse_filter({"even": True}), with_metadata=False)
+        )
         await asyncio.gather(*engine._measuring)
         return hits
 
@@ -343,7 +346,7 @@ def test_sharded_adaptive_equals_merging_the_partitions(engine_index: Any) -> No
     coarse, lists = cv.quantizer.search(q, 4 * first + 8)
     req = SearchRequest(q, 10, 1, lists, coarse, None, False, False, 0, first, slacks)
     parts = [h.shard.search(KEY, req)[0] for h in handles]
-    hits = asyncio.run(engine.search(cv, q, 10, 0, None, False, False))
+    hits = asyncio.run(engine.search(cv, q, Query(10, with_metadata=False)))
     assert hits.ids.tolist() == merge(parts, 10, False).ids.tolist()
     assert hits.lists_scanned == sum(p.lists_scanned for p in parts) / 2
     d = [p.distances for p in parts]
