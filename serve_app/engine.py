@@ -8,6 +8,8 @@ the view is missing or a shard reports a newer training version.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -428,6 +430,29 @@ class Engine:
         cv.counts = {s: st.count for s, st in enumerate(stats)}
         fresh = await self.refresh_if_stale(cv, [st.version for st in stats], now=True)
         return sum(cv.counts.values()), fresh
+
+    async def delete(self, cv: CachedView, ids: list[str]) -> int:
+        """Delete ``ids`` (distinct); returns how many existed."""
+        return int(sum(await self.by_shard(cv, ids, "delete"))) if ids else 0
+
+    async def list_ids(self, cv: CachedView) -> list[str]:
+        return [i for part in await self.all_shards(cv, "list_ids") for i in part]
+
+    async def match_ids(
+        self,
+        cv: CachedView,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None = None,
+        ascending: bool = True,
+    ) -> list[str]:
+        """The ids of up to ``limit`` (None: all) items ``node`` matches, in ``order_by``'s order if given
+        (each shard's matches in order, merged)."""
+        parts = await self.all_shards(cv, "match_ids", node, limit, order_by, ascending)
+        if order_by is None:
+            return [i for part in parts for i in part][:limit]
+        pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
+        return [item_id for _, item_id in itertools.islice(pairs, limit)]
 
     async def fetch(
         self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool

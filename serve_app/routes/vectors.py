@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,7 +124,7 @@ async def delete(body: DeleteRequest, request: Request) -> JSON:
     ids = service.distinct(body.ids)
     if any(not i for i in ids):
         raise InvalidRequest("ids contains an empty id")
-    n = int(sum(await engine.by_shard(cv, ids, "delete"))) if ids else 0
+    n = await engine.delete(cv, ids)
     return JSON({"status": "success", "message": f"Deleted {n} vectors", "deleted_count": n})
 
 
@@ -134,8 +132,7 @@ async def delete(body: DeleteRequest, request: Request) -> JSON:
 async def list_ids(body: IndexRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv: CachedView = await engine.view(body.index_name, body.index_key)
-    parts = await engine.all_shards(cv, "list_ids")
-    ids = [i for part in parts for i in part]
+    ids = await engine.list_ids(cv)
     return JSON({"ids": ids, "count": len(ids)})
 
 
@@ -158,12 +155,7 @@ async def query_metadata(body: QueryMetadataRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
     node = parse_filter(body.filters or None)
-    parts = await engine.all_shards(cv, "match_ids", node, body.top_k, order_by, ascending)
-    if order_by is None:
-        ids = [i for part in parts for i in part][: body.top_k]
-    else:  # each shard's matches in order: merge them
-        pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
-        ids = [item_id for _, item_id in itertools.islice(pairs, body.top_k)]
+    ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
     if body.include:
         results = await fetch(engine, cv, ids, body.include)
     else:
