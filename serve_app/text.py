@@ -1,20 +1,18 @@
 """Text on the gateway: item contents and query text -> vectors, through the Embedder deployment.
 
-Routes call these with the Embedder's DeploymentHandle (``http.embedder_of``) and then use the
-usual ``service.upsert`` / ``service.search`` on the vectors. Error messages never quote the
-text itself.
+serve_app.service calls these with the Embedder's DeploymentHandle (``http.embedder_of``), then
+runs the vectors as any others. Error messages never quote the text itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
-from serve_app.service import unique_ids
+from serve_app.params import UpsertRows, unique_ids
 from serve_app.vectors import as_matrix, check_dimension
 
 NO_EMBEDDER = "text embedding is not enabled on this server"
@@ -46,15 +44,10 @@ async def embed_query(embedder: Any, model: str, text: str) -> np.ndarray:
     return np.asarray(vec, dtype=np.float32).reshape(1, -1)
 
 
-async def item_vectors(
-    embedder: Any,
-    cfg: IndexConfig,
-    ids: Sequence[str],
-    vectors: Sequence[Any | None],
-    contents: Sequence[str | None],
-) -> np.ndarray:
-    """The (n, d) float32 matrix of an upsert: items that carry a vector keep it; the others
-    are embedded from their contents, all in one model call."""
+async def item_vectors(embedder: Any, cfg: IndexConfig, rows: UpsertRows) -> np.ndarray:
+    """The (n, d) float32 matrix of the JSON items ``rows``: items that carry a vector keep it;
+    the others are embedded from their contents, all in one model call."""
+    ids, vectors, contents = rows.ids, rows.vectors, rows.contents
     text_rows = [i for i, v in enumerate(vectors) if v is None]
     if not text_rows:
         return as_matrix(list(vectors), "items vectors")[0]

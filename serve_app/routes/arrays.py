@@ -7,8 +7,9 @@
   its own client and bulk driver: ``[rows, dimension]`` shapes in, and query results as a
   counts array, flat ids and a base64 distance matrix.
 
-Everything after decoding is serve_app.service's (through serve_app.arrays), so the semantics,
-defaults and errors are those of /v1/vectors/query and /v1/vectors/upsert.
+After decoding, each route builds the serve_app.params object every transport builds and hands
+it to serve_app.service, so the semantics, defaults and errors are those of /v1/vectors/query
+and /v1/vectors/upsert.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from serve_app.models import (
     QueryResponse,
     UpsertResponse,
 )
+from serve_app.params import COMPACT_INCLUDE, QueryParams, UpsertArgs, UpsertRows
 
 router = APIRouter(
     prefix="/vectors",
@@ -49,24 +51,18 @@ async def upsert_binary(body: BinaryUpsertRequest, request: Request) -> JSON:
     b = body.batch
     x = arrays.decode_rows(b.vectors_b64, len(b.ids), b.dimension, "batch.vectors_b64")
     contents = None if b.contents is None else [c or None for c in b.contents]
-    limits = service.Limits.of(settings_of(request))
-    n = await arrays.upsert(
-        engine_of(request), limits, body.index_name, body.index_key, b.ids, x, b.metadata, contents
-    )
-    return upserted(n)
+    cols = UpsertArgs(body.index_name, body.index_key, b.ids, b.metadata, contents)
+    rows = UpsertRows.of_columns(cols, x, settings_of(request))
+    return upserted(await service.upsert(engine_of(request), rows))
 
 
 @router.post("/query_binary", response_model=QueryResponse)
 async def query_binary(body: BinaryQueryRequest, request: Request) -> Response:
     """Batch query; ``batch.vectors_b64`` is base64 of an (nq, dimension) little-endian float32
     matrix. The answer is /v1/vectors/query's for a list of vectors: a result list per row."""
-    engine = engine_of(request)
     x = arrays.decode_rows(body.batch.vectors_b64, None, body.batch.dimension, "batch.vectors_b64")
-    top_k = service.resolve_top_k(body.top_k, settings_of(request).max_top_k)
-    cv = await engine.view(body.index_name, body.index_key)
-    answer = await service.query_json(
-        engine, cv, x, False, top_k, body.n_probes, body.filters, body.greedy, body.include
-    )
+    params = QueryParams.of(body, settings_of(request))
+    answer = await service.query_json(engine_of(request), params, x, False)
     return Response(answer, media_type="application/json")
 
 
@@ -74,19 +70,9 @@ async def query_binary(body: BinaryQueryRequest, request: Request) -> Response:
 async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
     """Batch query; ``query_vectors`` is base64 of a (nq, d) little-endian float32 matrix."""
     x = arrays.decode_matrix(body.query_vectors, body.shape, "query_vectors")
-    hits = await arrays.query(
-        engine_of(request),
-        settings_of(request).max_top_k,
-        body.index_name,
-        body.index_key,
-        x,
-        body.top_k,
-        body.n_probes,
-        body.filters,
-        body.greedy,
-        body.include,
-    )
-    ids, metadata = arrays.flat_results(hits)
+    params = QueryParams.of(body, settings_of(request), COMPACT_INCLUDE)
+    hits = await service.query_arrays(engine_of(request), params, x)
+    ids, metadata = service.flat_results(hits)
     out = {
         "nq": len(hits.counts),
         "top_k": hits.ids.shape[1],
@@ -104,14 +90,5 @@ async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
 async def upsert_arrays(body: ArraysUpsertRequest, request: Request) -> JSON:
     """Upsert; ``vectors`` is base64 of a (n, d) little-endian float32 matrix, one row per id."""
     x = arrays.decode_matrix(body.vectors, body.shape, "vectors")
-    n = await arrays.upsert(
-        engine_of(request),
-        service.Limits.of(settings_of(request)),
-        body.index_name,
-        body.index_key,
-        body.ids,
-        x,
-        body.metadata,
-        body.contents,
-    )
-    return upserted(n)
+    rows = UpsertRows.of_columns(body, x, settings_of(request))
+    return upserted(await service.upsert(engine_of(request), rows))

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from actors.errors import InvalidRequest
 from actors.filters import parse_filter
-from serve_app import service, text
+from serve_app import service
 from serve_app.engine import CachedView, Engine
 from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import (
@@ -39,6 +39,7 @@ from serve_app.models import (
     UpsertRequest,
     UpsertResponse,
 )
+from serve_app.params import Limits, QueryParams, UpsertRows, distinct, get_fields
 from serve_app.vectors import as_matrix
 
 router = APIRouter(
@@ -51,38 +52,24 @@ router = APIRouter(
 
 @router.post("/upsert", response_model=UpsertResponse)
 async def upsert(body: UpsertRequest, request: Request) -> JSON:
-    engine: Engine = engine_of(request)
-    limits = service.Limits.of(settings_of(request))
-    items = body.items
-    ids, contents = [it.id for it in items], [it.contents for it in items]
-    limits.check_items(ids, contents)
-    metadata = [limits.encode_metadata(it.metadata, i) for i, it in enumerate(items)]
-    cv = await engine.view(body.index_name, body.index_key)
+    rows = UpsertRows.of_items(body, settings_of(request))
     # Items without a vector are embedded from their contents (one model call per request).
-    x = await text.item_vectors(
-        embedder_of(request), cv.config, ids, [it.vector for it in items], contents
-    )
-    n = await service.upsert(engine, cv, ids, x, metadata, contents)
+    n = await service.upsert(engine_of(request), rows, embedder_of(request))
     return JSON({"status": "success", "message": f"Upserted {n} vectors", "upserted_count": n})
 
 
 @router.post("/query", response_model=QueryResponse)
 async def query(body: QueryRequest, request: Request) -> Response:
-    engine: Engine = engine_of(request)
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
-    top_k = service.resolve_top_k(body.top_k, settings_of(request).max_top_k)
+    params = QueryParams.of(body, settings_of(request))
+    engine: Engine = engine_of(request)
     if body.query_contents is not None:  # text query: one embedding, flat results
-        cv = await engine.view(body.index_name, body.index_key)
-        model = text.index_model(cv.config, "query_contents")
-        x = await text.embed_query(embedder_of(request), model, body.query_contents)
-        single = True
+        text = body.query_contents
+        answer = await service.query_text_json(engine, embedder_of(request), params, text)
     else:
         x, single = as_matrix(body.query_vectors, "query_vectors")
-        cv = await engine.view(body.index_name, body.index_key)
-    answer = await service.query_json(
-        engine, cv, x, single, top_k, body.n_probes, body.filters, body.greedy, body.include
-    )
+        answer = await service.query_json(engine, params, x, single)
     return Response(answer, media_type="application/json")
 
 
@@ -92,7 +79,7 @@ INLINE_RESULTS = 4096
 @router.post("/get", response_model=GetResponse)
 async def get(body: GetRequest, request: Request) -> Response:
     engine: Engine = engine_of(request)
-    service.Limits.of(settings_of(request)).check_ids(body.ids)
+    Limits.of(settings_of(request)).check_ids(body.ids)
     cv = await engine.view(body.index_name, body.index_key)
     results = await fetch(engine, cv, body.ids, body.include)
     if len(results) <= INLINE_RESULTS:
@@ -106,12 +93,12 @@ async def fetch(
     engine: Engine, cv: CachedView, ids: list[str], include: Sequence[str] | None
 ) -> list[dict[str, Any]]:
     """The stored items of ``ids`` (each once, unknown ones left out) in the order asked."""
-    ids = service.distinct(ids)
+    ids = distinct(ids)
     if not ids:
         return []
     if any(not i for i in ids):
         raise InvalidRequest("ids contains an empty id")
-    fields = service.get_fields(include, cv.config)
+    fields = get_fields(include, cv.config)
     found = await engine.fetch(cv, ids, fields.vector, fields.metadata, fields.contents)
     return [found[i] for i in ids if i in found]
 
@@ -119,9 +106,9 @@ async def fetch(
 @router.post("/delete", response_model=DeleteResponse)
 async def delete(body: DeleteRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
-    service.Limits.of(settings_of(request)).check_ids(body.ids)
+    Limits.of(settings_of(request)).check_ids(body.ids)
     cv = await engine.view(body.index_name, body.index_key)
-    ids = service.distinct(body.ids)
+    ids = distinct(body.ids)
     if any(not i for i in ids):
         raise InvalidRequest("ids contains an empty id")
     n = await engine.delete(cv, ids)
