@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from actors.codec import pack_strings
-from actors.strings import gather_bytes
+from actors.strings import StringBlock, gather_bytes
 from serve_app.engine import Hits
 from serve_app.vectors import to_api_distance
 
@@ -92,57 +92,70 @@ def results_json(
     if not ids.json_safe():
         results: Any = shape_results(hits, metric, with_distance, meta is not None)
         return orjson.dumps({"results": results[0] if single else results})
-
-    # Sources, back to back: literals, ids, distances, metadata. A piece is (start, length).
-    sources = [np.frombuffer(_LIT_BUF, dtype=np.uint8), ids.blob]
-    lit_at = _LIT_AT
-    id_at = len(_LIT_BUF) + ids.starts()
-    id_len = ids.lens.astype(np.int64)
-    base = len(_LIT_BUF) + len(ids.blob)
-    columns = [
-        _literal(ID_OPEN, len(id_at)),
-        (id_at, id_len),
-        _literal(ID_CLOSE, len(id_at)),
-    ]
-    if with_distance:
-        at, lens, buf = _numbers(to_api_distance(hits.distances[keep], metric))
-        sources.append(buf)
-        columns += [_literal(DISTANCE, len(id_at)), (at + base, lens)]
-        base += len(buf)
-    if meta is not None:
-        buf, lens = pack_strings(meta[keep].tolist())  # stored JSON; -1: none, written null
-        none = lens < 0
-        at = np.where(none, lit_at[NO_METADATA], np.cumsum(np.maximum(lens, 0)) - lens + base)
-        sources.append(buf)
-        columns += [_literal(METADATA, len(id_at)), (at, np.where(none, len(b"null"), lens))]
-    columns.append(_literal(ENTRY_CLOSE, len(id_at)))
-
-    # Piece order: per row "[", its entries ("," between them), then "]," ("]" after the last).
-    n_rows, per_entry = len(counts), len(columns) + 1
-    before = np.cumsum(counts) - counts  # entries in earlier rows
-    row_at = 2 * np.arange(n_rows) + per_entry * before  # index of each row's "["
-    starts = np.empty(2 * n_rows + per_entry * len(id_at), dtype=np.int64)
-    lens_all = np.empty_like(starts)
-    starts[row_at] = lit_at[ROW_OPEN]
-    lens_all[row_at] = 1
-    close = row_at + 1 + per_entry * counts
-    starts[close] = lit_at[ROW_CLOSE_SEP]
-    lens_all[close] = 2
-    if n_rows:  # the last row's "]" has no separator after it
-        starts[close[-1]] = lit_at[ROW_CLOSE]
-        lens_all[close[-1]] = 1
-    row_of = np.repeat(np.arange(n_rows), counts)
-    j = np.arange(len(id_at)) - before[row_of]  # position of each entry within its row
-    first = row_at[row_of] + 1 + per_entry * j  # index of each entry's separator piece
-    starts[first] = lit_at[ENTRY_SEP]
-    lens_all[first] = np.where(j > 0, 1, 0)
-    for c, (col_at, col_len) in enumerate(columns, start=1):
-        starts[first + c] = col_at
-        lens_all[first + c] = col_len
-    body = gather_bytes(np.concatenate(sources), starts, lens_all).tobytes()
+    dist = to_api_distance(hits.distances[keep], metric) if with_distance else None
+    source, columns = _entry_columns(ids, dist, None if meta is None else meta[keep].tolist())
+    starts, lens = _layout(counts, columns)
+    body = gather_bytes(source, starts, lens).tobytes()
     if single:
         return b'{"results":' + body + b"}"
     return b'{"results":[' + body + b"]}"
+
+
+Pieces = tuple[np.ndarray, np.ndarray]  # (start, length) of one piece per entry
+
+
+def _entry_columns(
+    ids: StringBlock, distances: np.ndarray | None, metadata: list[bytes | None] | None
+) -> tuple[np.ndarray, list[Pieces]]:
+    """The source buffer (literals, ids, distances, metadata, back to back) and each entry's
+    pieces in it, column by column: '{"id":"', the id, '"', then the distance and the
+    metadata when given, and '}'."""
+    n = len(ids.lens)
+    sources = [np.frombuffer(_LIT_BUF, dtype=np.uint8), ids.blob]
+    id_at = len(_LIT_BUF) + ids.starts()
+    base = len(_LIT_BUF) + len(ids.blob)
+    columns = [_literal(ID_OPEN, n), (id_at, ids.lens.astype(np.int64)), _literal(ID_CLOSE, n)]
+    if distances is not None:
+        at, lens, buf = _numbers(distances)
+        sources.append(buf)
+        columns += [_literal(DISTANCE, n), (at + base, lens)]
+        base += len(buf)
+    if metadata is not None:
+        buf, lens = pack_strings(metadata)  # stored JSON; -1: none, written null
+        none = lens < 0
+        at = np.where(none, _LIT_AT[NO_METADATA], np.cumsum(np.maximum(lens, 0)) - lens + base)
+        sources.append(buf)
+        columns += [_literal(METADATA, n), (at, np.where(none, len(b"null"), lens))]
+    columns.append(_literal(ENTRY_CLOSE, n))
+    return np.concatenate(sources), columns
+
+
+def _layout(counts: np.ndarray, columns: list[Pieces]) -> Pieces:
+    """Every piece of the body in order: per row "[", its entries ("," between them, then
+    the columns), then "]," ("]" after the last row)."""
+    n_rows, n, per_entry = len(counts), int(counts.sum()), len(columns) + 1
+    lit_at = _LIT_AT
+    before = np.cumsum(counts) - counts  # entries in earlier rows
+    row_at = 2 * np.arange(n_rows) + per_entry * before  # index of each row's "["
+    starts = np.empty(2 * n_rows + per_entry * n, dtype=np.int64)
+    lens = np.empty_like(starts)
+    starts[row_at] = lit_at[ROW_OPEN]
+    lens[row_at] = 1
+    close = row_at + 1 + per_entry * counts
+    starts[close] = lit_at[ROW_CLOSE_SEP]
+    lens[close] = 2
+    if n_rows:  # the last row's "]" has no separator after it
+        starts[close[-1]] = lit_at[ROW_CLOSE]
+        lens[close[-1]] = 1
+    row_of = np.repeat(np.arange(n_rows), counts)
+    j = np.arange(n) - before[row_of]  # position of each entry within its row
+    first = row_at[row_of] + 1 + per_entry * j  # index of each entry's separator piece
+    starts[first] = lit_at[ENTRY_SEP]
+    lens[first] = np.where(j > 0, 1, 0)
+    for c, (col_at, col_len) in enumerate(columns, start=1):
+        starts[first + c] = col_at
+        lens[first + c] = col_len
+    return starts, lens
 
 
 def _literal(which: int, n: int) -> tuple[np.ndarray, np.ndarray]:
