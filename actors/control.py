@@ -1,4 +1,5 @@
-"""The control-plane actor: index catalog, index creation/deletion, shard placement, training.
+"""The control-plane actor: index catalog, index creation/deletion, partition placement on the
+shard pool (actors.placement), training.
 
 Gateways consult it only when their cached view of an index is missing or stale; queries never
 pass through it. Training runs in a background thread of this (threaded) actor.
@@ -11,8 +12,9 @@ import math
 import os
 import secrets
 import threading
+from collections import Counter
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import faiss
@@ -20,10 +22,11 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors import heap, persistence
-from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unavailable, VaultvecError
+from actors import persistence
+from actors.contract import ShardClient
+from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
 from actors.partition import centroids_of, deserialize, serialize
-from actors.shard import Shard
+from actors.placement import Pool, place
 from actors.store import Store, open_store
 from actors.training import (
     TrainParams,
@@ -33,7 +36,7 @@ from actors.training import (
     sample_size,
     train_template,
 )
-from actors.types import IndexConfig, IndexMeta
+from actors.types import IndexConfig, IndexMeta, Partition, PoolStats
 
 NAMESPACE = "vaultvec"
 CONTROL_NAME = "vaultvec-control"
@@ -52,42 +55,56 @@ class EngineOptions:
     retrain_factor: float = 4.0
     recall_target: float = 0.95
     idle_ttl_s: float = 0.0
+    pool_size: int = 0  # pool actors per node; 0 = one per CPU
+    pool_memory_budget_mb: int = 0  # per pool actor; 0 = its share of the node's memory
     train_wait_s: float = 600.0
     train_threads: int = 0  # 0 = all cores of the node
-    max_indexes: int = 1000
+    max_indexes: int = 100_000
 
 
 @dataclass(frozen=True)
 class IndexView:
-    """What a gateway caches per index: config, shard handles and the coarse centroids."""
+    """What a gateway caches per index: config, the pool actor hosting each partition (shard
+    number order) and the coarse centroids."""
 
     meta: IndexMeta
     config: IndexConfig
     shards: tuple[Any, ...]
     centroids: np.ndarray | None
 
-
-ShardActor = ray.remote(Shard)
-
-
-def shard_actor_name(index_id: str, shard: int) -> str:
-    return f"vaultvec-shard-{index_id}-{shard}"
+    def clients(self) -> list[ShardClient]:
+        """Typed calls to each partition, in shard number order."""
+        m = self.meta
+        return [ShardClient(h, Partition(m.name, m.index_id, s)) for s, h in enumerate(self.shards)]
 
 
 class ControlPlane:
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
         self.store: Store = open_store(options.store_url)
+        self.pool = Pool(
+            options.store_url,
+            size_per_node=options.pool_size,
+            budget_bytes=options.pool_memory_budget_mb << 20,
+            idle_ttl_s=options.idle_ttl_s,
+            num_cpus=options.shard_num_cpus,
+            max_concurrency=options.shard_max_concurrency,
+            wal_max_records=options.wal_max_records,
+            threads=options.shard_threads,
+            start_timeout_s=options.shard_start_timeout_s,
+        )
         self._lock = threading.RLock()
         self._configs: dict[str, IndexConfig] = {}
         self._training: dict[str, Future[IndexConfig]] = {}
         self._catalog: dict[str, IndexMeta] = {}
+        self._load: Counter[str] = Counter()  # partitions per pool actor
         for key in self.store.list("indexes/"):
             if key.endswith("/meta"):
                 raw = self.store.get(key)
                 if raw is not None:
                     meta = persistence.read_meta(raw)
                     self._catalog[meta.name] = meta
+                    self._load.update(meta.placement)
 
     # -- catalog ----------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
@@ -102,9 +119,11 @@ class ControlPlane:
         return meta
 
     def create_index(self, meta: IndexMeta, key: bytes, cfg: IndexConfig) -> None:
-        """Persist a new index and start its shards; ``cfg.n_shards == 0`` picks the default."""
+        """Persist a new index, its partitions placed on the pool; ``cfg.n_shards == 0`` picks
+        the default. Starts no process (the pool's actors run already)."""
         if cfg.n_shards == 0:
             cfg = cfg.evolve(n_shards=default_shards())
+        members = self.pool.members()  # Unavailable if the pool cannot start
         with self._lock:
             if meta.name in self._catalog:
                 raise IndexExists(f"index {meta.name!r} already exists")
@@ -113,36 +132,33 @@ class ControlPlane:
                     f"the service holds {len(self._catalog)} indexes, its limit "
                     f"(VAULTVEC_MAX_INDEXES={self.options.max_indexes}); delete one first"
                 )
+            meta = replace(meta, placement=place(meta.index_id, cfg.n_shards, members, self._load))
             persistence.write_config(self.store, key, cfg)
             persistence.write_meta(self.store, meta)  # last: the index exists once this lands
             self._catalog[meta.name] = meta
             self._configs[meta.name] = cfg
-        try:
-            self._shards(meta, cfg)
-        except Unavailable:
-            self.delete_index(meta.name, key)  # no half-created index is left behind
-            raise
+            self._load.update(meta.placement)
 
     def delete_index(self, name: str, key: bytes) -> None:
-        """Delete an index: catalog entry first, then retire and kill its shards, then data.
+        """Delete an index: catalog entry first, then retire its partitions, then its data.
 
-        Shards are retired before this returns, so a gateway still holding their handles gets
-        IndexRetired (and looks the index up again) rather than answers from a deleted index.
+        Partitions are retired before this returns, so a gateway still holding the placement
+        gets IndexRetired (and looks the index up again) rather than answers from a deleted
+        index.
         """
         meta = self.lookup(name)
-        cfg = self.config(name, key)
+        self.config(name, key)  # the key is checked by the caller; this loads the config
         with self._lock:
             self.store.delete(persistence.meta_key(meta.index_id))  # first: the index is gone
             self._catalog.pop(name, None)
             self._configs.pop(name, None)
-        handles = []
-        for s in range(cfg.n_shards):
-            with contextlib.suppress(ValueError):  # never started
-                handles.append(ray.get_actor(shard_actor_name(meta.index_id, s), NAMESPACE))
-        with contextlib.suppress(GetTimeoutError, RayActorError):  # unreachable: killed below
-            ray.get([h.retire.remote() for h in handles], timeout=self.options.retire_timeout_s)
-        for h in handles:
-            ray.kill(h)
+            self._load.subtract(meta.placement)
+        actors = [self.pool.handle(a) for a in dict.fromkeys(meta.placement)]
+        with contextlib.suppress(GetTimeoutError, RayActorError):  # a restarted one refuses too
+            ray.get(
+                [a.retire.remote(meta.index_id) for a in actors],
+                timeout=self.options.retire_timeout_s,
+            )
         self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
 
     def config(self, name: str, key: bytes) -> IndexConfig:
@@ -164,7 +180,7 @@ class ControlPlane:
             template = persistence.read_template(self.store, key, cfg)
             if template is not None:
                 centroids = centroids_of(deserialize(template))
-        return IndexView(meta, cfg, tuple(self._shards(meta, cfg)), centroids)
+        return IndexView(meta, cfg, self._partitions(meta, cfg), centroids)
 
     def set_dimension(self, name: str, key: bytes, dimension: int) -> IndexConfig:
         """Fix an index's dimension at its first upsert (first writer wins)."""
@@ -176,49 +192,31 @@ class ControlPlane:
                 self._configs[name] = cfg
             return cfg
 
-    def _shards(self, meta: IndexMeta, cfg: IndexConfig) -> list[Any]:
-        """Handles of the index's shard actors, created on first use (named, detached).
+    def _partitions(self, meta: IndexMeta, cfg: IndexConfig) -> tuple[Any, ...]:
+        """The pool actor of each partition. An index stored without a placement (by an older
+        vaultvec, which gave each index its own actors) is placed now, once."""
+        if len(meta.placement) != cfg.n_shards:
+            members = self.pool.members()
+            with self._lock:
+                meta = self._catalog.get(meta.name, meta)
+                if len(meta.placement) != cfg.n_shards:
+                    placement = place(meta.index_id, cfg.n_shards, members, self._load)
+                    meta = replace(meta, placement=placement)
+                    persistence.write_meta(self.store, meta)
+                    self._catalog[meta.name] = meta
+                    self._load.update(placement)
+        return tuple(self.pool.handle(a) for a in meta.placement)
 
-        Waits until every shard runs: a shard Ray cannot place (no free CPU for it) is a clear
-        503, not a request that hangs.
-        """
-        handles = self._shard_handles(meta, cfg)
-        try:
-            ray.get([h.ping.remote() for h in handles], timeout=self.options.shard_start_timeout_s)
-        except GetTimeoutError:
-            raise Unavailable(
-                f"could not start the {cfg.n_shards} shards of index {meta.name!r} within "
-                f"{self.options.shard_start_timeout_s:.0f}s: the cluster has no room for more "
-                f"shard actors ({self.options.shard_num_cpus} CPU each; see "
-                "VAULTVEC_SHARD_NUM_CPUS) or a node is down"
-            ) from None
-        return handles
+    def _clients(self, meta: IndexMeta, cfg: IndexConfig) -> list[ShardClient]:
+        return IndexView(meta, cfg, self._partitions(meta, cfg), None).clients()
 
-    def _shard_handles(self, meta: IndexMeta, cfg: IndexConfig) -> list[Any]:
-        o = self.options
-        return [
-            ShardActor.options(
-                name=shard_actor_name(meta.index_id, s),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=o.shard_num_cpus,
-                max_restarts=-1,
-                max_task_retries=3,
-                max_concurrency=o.shard_max_concurrency,
-                scheduling_strategy="SPREAD",
-                runtime_env={"env_vars": heap.ENV},  # glibc reads them at process start
-            ).remote(
-                o.store_url,
-                meta.name,
-                meta.index_id,
-                s,
-                wal_max_records=o.wal_max_records,
-                threads=o.shard_threads,
-                idle_ttl_s=o.idle_ttl_s,
-            )
-            for s in range(cfg.n_shards)
-        ]
+    def pool_stats(self) -> list[PoolStats]:
+        """Every pool actor's memory (budget, TTL, resident, partitions loaded)."""
+        handles = [self.pool.handle(a) for a in self.pool.members()]
+        return list(ray.get([h.pool_stats.remote() for h in handles]))
+
+    def stop_pool(self) -> None:
+        self.pool.stop()
 
     # -- training ---------------------------------------------------------------------------
     def train(self, name: str, key: bytes, params: TrainParams, wait: bool = True) -> str:
@@ -285,8 +283,8 @@ class ControlPlane:
         faiss.omp_set_num_threads(self.options.train_threads or os.cpu_count() or 1)
         meta = self.lookup(name)
         cfg = self.config(name, key)
-        shards = self._shards(meta, cfg)
-        counts = [s.count for s in ray.get([sh.stats.remote(key) for sh in shards])]
+        shards = self._clients(meta, cfg)
+        counts = [s.count for s in ray.get([sh.stats(key) for sh in shards])]
         total = sum(counts)
         if total == 0 or cfg.dimension is None:
             raise InvalidRequest("cannot train an empty index")
@@ -298,7 +296,7 @@ class ControlPlane:
         size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
         parts = ray.get(
             [
-                sh.sample.remote(key, math.ceil(size * c / total) + 1, seed)
+                sh.sample(key, math.ceil(size * c / total) + 1, seed)
                 for seed, (sh, c) in enumerate(zip(shards, counts))
             ]
         )
@@ -320,7 +318,7 @@ class ControlPlane:
         ref = ray.put(blob)
         ray.get(
             [
-                sh.rebuild.remote(key, new_cfg.version, ref, table, params.batch_size or 65536)
+                sh.rebuild(key, new_cfg.version, ref, table, params.batch_size or 65536)
                 for sh in shards
             ]
         )

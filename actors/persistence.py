@@ -54,6 +54,7 @@ def write_meta(store: Store, meta: IndexMeta) -> None:
         "index_id": meta.index_id,
         "salt": meta.salt.hex(),
         "verifier": meta.verifier.hex(),
+        "placement": list(meta.placement),
     }
     store.put(meta_key(meta.index_id), orjson.dumps(doc))
 
@@ -61,7 +62,11 @@ def write_meta(store: Store, meta: IndexMeta) -> None:
 def read_meta(raw: bytes) -> IndexMeta:
     doc = orjson.loads(raw)
     return IndexMeta(
-        doc["name"], doc["index_id"], bytes.fromhex(doc["salt"]), bytes.fromhex(doc["verifier"])
+        doc["name"],
+        doc["index_id"],
+        bytes.fromhex(doc["salt"]),
+        bytes.fromhex(doc["verifier"]),
+        tuple(doc.get("placement", ())),
     )
 
 

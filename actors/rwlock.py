@@ -53,3 +53,24 @@ class RWLock:
                 if self._writer_depth == 0:
                     self._writer = None
                     self._cond.notify_all()
+
+    @contextmanager
+    def try_write(self) -> Iterator[bool]:
+        """Exclusive access if it is free right now (no reader, writer or waiting writer):
+        yields True holding it, or False at once without it (for background work that should
+        never queue ahead of requests)."""
+        with self._cond:
+            got = self._writer is None and not self._readers and not self._waiting_writers
+            if got:
+                self._writer, self._writer_depth = threading.get_ident(), 1
+        if not got:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._cond:
+                self._writer_depth -= 1
+                if self._writer_depth == 0:
+                    self._writer = None
+                    self._cond.notify_all()

@@ -1,4 +1,4 @@
-"""ShardActor: the decrypted IVF partitions, metadata and contents of the items on one shard.
+"""Shard: the decrypted IVF partitions, metadata and contents of the items on one shard.
 
 A shard starts locked: it holds nothing until a call carrying the index's data key arrives, then
 loads its latest snapshot and replays its write-ahead log. Writes are sealed and appended to the
@@ -6,12 +6,14 @@ WAL (durable) before they are applied and acknowledged. The WAL rolls into a new
 grows past a bound; training swaps in a rebuilt partition index atomically while reads and
 writes continue.
 
-The class is plain Python (unit-testable without Ray); ``ShardActor`` is its Ray actor form.
+The class is plain Python (unit-testable without Ray); a pool actor (actors.pool) hosts the
+partitions of many indexes.
 """
 
 from __future__ import annotations
 
 import gc
+import hmac
 import logging
 import threading
 import time
@@ -25,7 +27,7 @@ import numpy as np
 
 from actors import codec, heap, persistence
 from actors.crypto import aad, open_sealed, seal
-from actors.errors import IndexRetired, InvalidRequest
+from actors.errors import IndexRetired, InvalidRequest, Unauthorized
 from actors.filters import FilterNode
 from actors.items import ItemTable
 from actors.partition import MAX_NORM, PartitionIndex, serialize, too_large
@@ -39,21 +41,25 @@ from actors.types import (
     ShardStats,
     UpsertBatch,
     auto_nprobe,
-    from_wire,
     probe_slack,
-    to_wire,
 )
 
 log = logging.getLogger("vaultvec.shard")
+
+# Memory per item beside its lists, metadata and contents (ids, id map, norms, liveness, list
+# map, filter columns), for Shard.resident_bytes.
+ROW_BYTES = 96
 
 # A shard tidies its memory once writes have paused this long (Shard._tidy_when_idle).
 TRIM_AFTER_WRITES_S = 1.0
 
 
 class Shard:
+    """One partition (index, shard number); a pool actor (actors.pool) hosts many."""
+
     def __init__(
         self,
-        store_url: str,
+        store: Store | str,
         index_name: str,
         index_id: str,
         shard_no: int,
@@ -61,27 +67,22 @@ class Shard:
         wal_max_records: int = 256,
         wal_max_bytes: int = 256 << 20,
         threads: int = 1,
-        idle_ttl_s: float = 0.0,
     ) -> None:
-        heap.configure()  # one malloc arena, request buffers recycled (see actors.heap)
-        self.store: Store = open_store(store_url)
+        self.store: Store = open_store(store) if isinstance(store, str) else store
         self.name = index_name
         self.index_id = index_id
         self.shard_no = shard_no
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
-        self.idle_ttl_s = idle_ttl_s
         self.threads = max(1, threads)
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False
         self._retired = False
-        self._last_used = time.monotonic()
+        self.last_used = time.monotonic()
         self._last_write = 0.0
         self._trim_pending = False
         self._reset()
-        if idle_ttl_s > 0:
-            threading.Thread(target=self._evict_idle, daemon=True).start()
 
     def _reset(self) -> None:
         self._key: bytes | None = None
@@ -96,9 +97,20 @@ class Shard:
         self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
 
     # -- loading ----------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def _check_key(self, key: bytes) -> None:
+        """A loaded partition answers only to the key that loaded it (the gateway verifies keys
+        first; this keeps one index's key from ever reading another's partition)."""
+        if self._key is None or not hmac.compare_digest(key, self._key):
+            raise Unauthorized("invalid index_key for this index")
+
     def _ensure_loaded(self, key: bytes) -> None:
-        self._last_used = time.monotonic()
+        self.last_used = time.monotonic()
         if self._loaded:
+            self._check_key(key)
             return
         if self._retired:
             raise IndexRetired(f"index {self.name!r} (id {self.index_id}) was deleted")
@@ -153,21 +165,39 @@ class Shard:
                     self._ensure_loaded(key)
             with self._lock.read():
                 if self._loaded:  # not evicted in between
-                    self._last_used = time.monotonic()
+                    self._check_key(key)
+                    self.last_used = time.monotonic()
                     yield
                     return
 
-    def _evict_idle(self) -> None:
-        while True:
-            time.sleep(max(1.0, self.idle_ttl_s / 4))
-            with self._lock.write():
-                if (
-                    self._loaded
-                    and self._pending is None
-                    and time.monotonic() - self._last_used > self.idle_ttl_s
-                ):
-                    self._loaded = False
-                    self._reset()
+    def unload(self) -> bool:
+        """Drop the decrypted data (it is all in the store) if nothing uses the partition right
+        now: no request, snapshot or training swap in flight. True if it was unloaded."""
+        if not self._snapshot_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock.try_write() as free:
+                if not free or not self._loaded or self._pending is not None:
+                    return False
+                self._loaded = False
+                self._reset()
+                return True
+        finally:
+            self._snapshot_lock.release()
+
+    def resident_bytes(self) -> int:
+        """An estimate of the memory the loaded partition holds: its lists, and per item the id,
+        metadata, contents and the table's fixed columns."""
+        if not self._loaded:
+            return 0
+        items = self.items
+        n = items.next_label
+        size = n * ROW_BYTES
+        for column in (items.metadata[:n], items.contents[:n]):
+            size += sum(map(len, filter(None, column.tolist())))
+        if self.partition is not None:
+            size += self.partition.ntotal * (self.partition.index.code_size + 8)
+        return size
 
     # -- writes -----------------------------------------------------------------------------
     def _wrote(self) -> None:
@@ -324,12 +354,8 @@ class Shard:
                 self.store.delete(persistence.wal_key(self.index_id, self.shard_no, gen))
 
     # -- reads ------------------------------------------------------------------------------
-    def search_wire(self, key: bytes, request: bytes) -> bytes:
-        """``search`` for the gateway: a wire-encoded SearchRequest in, the result out."""
-        return to_wire(self.search(key, from_wire(request)))
-
-    def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
-        """Local top-k for a batch of queries, plus how many live items match the filter."""
+    def search(self, key: bytes, req: SearchRequest) -> SearchResult:
+        """Local top-k for a batch of queries, and how many live items match the filter."""
         # OpenMP's thread count is per calling thread, and Ray runs calls on a pool of threads.
         faiss.omp_set_num_threads(self.threads)
         with self._reading(key):
@@ -340,7 +366,7 @@ class Shard:
                 meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
                 none = np.full((nq, k), np.nan) if req.measure else None  # no result to need
                 empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
-                return replace(empty, needed=none), 0
+                return replace(empty, needed=none)
             bits, n_match = self.items.selection(req.filter)
             nprobe = req.list_nos.shape[1]
             scanned = nq * nprobe
@@ -376,8 +402,7 @@ class Shard:
             dist[labels < 0] = np.inf
             ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
-            result = SearchResult(dist, ids, meta, self.version, scanned, needed, bucket)
-            return result, n_match
+            return SearchResult(dist, ids, meta, self.version, scanned, needed, bucket, n_match)
 
     def get(
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
@@ -416,9 +441,12 @@ class Shard:
                 return self.items.ids_of(labels if limit is None else labels[:limit])
             return self.items.order(labels, order_by, ascending)[:limit]
 
-    def stats(self, key: bytes) -> ShardStats:
+    def stats(self, key: bytes, footprint: bool = False) -> ShardStats:
+        """Items and training version; with ``footprint`` also the resident size (a pass over
+        the metadata and contents: for describe, not for every write)."""
         with self._reading(key):
-            return ShardStats(count=len(self.items), version=self.version)
+            size = self.resident_bytes() if footprint else 0
+            return ShardStats(len(self.items), self.version, size)
 
     def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
         """Up to ``n`` live vectors in index space, for training."""

@@ -6,7 +6,6 @@ Frozen dataclasses holding numpy arrays; never an HTTP request object.
 from __future__ import annotations
 
 import hashlib
-import pickle
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,12 +100,25 @@ def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) ->
 
 @dataclass(frozen=True)
 class IndexMeta:
-    """The plaintext catalog entry: enough to list an index and verify a key, nothing more."""
+    """The plaintext catalog entry: enough to list an index, verify a key and find its
+    partitions, nothing more."""
 
     name: str
     index_id: str
     salt: bytes
     verifier: bytes
+    # Per shard number, the pool actor hosting that partition (actors.pool); chosen by the
+    # control plane at creation, empty until then.
+    placement: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One shard of one index, as a pool actor hosts it: the unit of placement."""
+
+    name: str
+    index_id: str
+    shard_no: int
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ class SearchResult:
     # which scale the shard applied (selectivity bucket of probe_slack)
     needed: np.ndarray | None = None
     bucket: int = 0
+    matched: int = 0  # live items on this shard that the filter matches (all, without one)
 
 
 # Kinds of query whose probing scale the gateway fits apart (serve_app.probing): 0 unfiltered
@@ -186,17 +199,22 @@ class Fetched:
 class ShardStats:
     count: int
     version: int
+    resident_bytes: int = 0  # what the loaded partition holds (Shard.resident_bytes)
 
 
-def to_wire(obj: Any) -> bytes:
-    """Encode a request/result for a shard call once, as bytes: Ray passes bytes through without
-    its per-object serializer, which is measurably slower for small numpy-carrying dataclasses,
-    and a fan-out sends the same bytes to every shard."""
-    return pickle.dumps(obj, protocol=5)
+@dataclass(frozen=True)
+class PoolStats:
+    """One pool actor's memory: its budget, idle TTL, resident size and partitions."""
 
-
-def from_wire(data: bytes) -> Any:
-    return pickle.loads(data)
+    name: str
+    node_id: str
+    budget_bytes: int
+    idle_ttl_s: float
+    rss_bytes: int
+    partitions: int  # hosted (loaded or not)
+    loaded: int
+    loaded_bytes: int  # Shard.resident_bytes summed over the loaded partitions
+    evictions: int
 
 
 def shard_of(item_id: str, n_shards: int) -> int:

@@ -567,10 +567,10 @@ def profile_gateway(
     req = SearchRequest(x, k, cv.config.version, lists, coarse, None, False, with_meta)
 
     def fan_out(req: SearchRequest) -> Any:
-        return ray.get([s.search.remote(cv.key, req) for s in cv.view.shards])
+        return ray.get([s.handle.search.remote(s.partition, cv.key, req) for s in cv.shards])
 
     t_fan, parts = median_timed(fan_out, req, reps=reps)
-    t_merge, hits = median_timed(merge, [p[0] for p in parts], k, with_meta, reps=reps)
+    t_merge, hits = median_timed(merge, parts, k, with_meta, reps=reps)
     t_shape, results = median_timed(
         shape_results, hits, cv.config.metric, "distance" in include, with_meta, reps=reps
     )
@@ -582,7 +582,7 @@ def profile_gateway(
         lambda: raw.search_preassigned(x, k, lists, coarse, D=dist, I=lab), reps=reps
     )
     server = t_json + t_model + t_mat + t_plan + t_fan + t_merge + t_shape + t_render
-    n_shards = len(cv.view.shards)
+    n_shards = len(cv.shards)
     return [
         ("gateway step: orjson.loads(body)", t_json, "re-run in this process"),
         ("gateway step: QueryRequest.model_validate", t_model, ""),
@@ -609,15 +609,17 @@ def profile_shard_calls(
     x1 = np.ascontiguousarray(q[:1], dtype=np.float32)
     l1, c1 = engine.plan(cv, x1, nprobe)
     req1 = SearchRequest(x1, k, cv.config.version, l1, c1, None, False, with_meta)
-    shards = cv.view.shards
+    shards = cv.shards
     t_one = median(
         [
-            timed(lambda: ray.get([s.search.remote(cv.key, req1) for s in shards]))[0]
+            timed(
+                lambda: ray.get([s.handle.search.remote(s.partition, cv.key, req1) for s in shards])
+            )[0]
             for _ in range(50)
         ]
     )
     t_ping = median(
-        [timed(lambda: ray.get([s.ping.remote() for s in shards]))[0] for _ in range(50)]
+        [timed(lambda: ray.get([s.handle.ping.remote() for s in shards]))[0] for _ in range(50)]
     )
     return t_one, t_ping
 

@@ -13,16 +13,16 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import faiss
 import numpy as np
 import orjson
-import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
+from actors.contract import ShardClient, packed_for
 from actors.control import IndexView
 from actors.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
@@ -32,17 +32,18 @@ from actors.types import (
     Fetched,
     IndexConfig,
     IndexMeta,
+    PoolStats,
     SearchRequest,
     SearchResult,
-    from_wire,
+    ShardStats,
+    UpsertBatch,
     shard_assignment,
-    to_wire,
 )
 from serve_app.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
 T = TypeVar("T")
-ShardCall = tuple[int, Callable[[Any], Awaitable[Any]]]  # (shard number, handle -> call)
+ShardCall = tuple[int, Callable[[ShardClient], Awaitable[Any]]]  # (shard number, the call)
 
 SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
 REFRESH_S = 0.5
@@ -55,6 +56,10 @@ class CachedView:
     quantizer: faiss.IndexFlatL2 | None
     counts: dict[int, int] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.monotonic)
+    shards: list[ShardClient] = field(init=False)  # one per partition, shard number order
+
+    def __post_init__(self) -> None:
+        self.shards = self.view.clients()
 
     @property
     def config(self) -> IndexConfig:
@@ -216,12 +221,12 @@ class Engine:
         shard answers or the request fails with 503: results are never silently partial.
         """
 
-        async def one(s: int, make: Callable[[Any], Awaitable[Any]]) -> Any:
+        async def one(s: int, make: Callable[[ShardClient], Awaitable[Any]]) -> Any:
             attempts = self.retries + 1 if idempotent else 1
-            handle = cv.view.shards[s]
+            client = cv.shards[s]
             for attempt in range(attempts):
                 try:
-                    return await asyncio.wait_for(make(handle), self.timeout_s)
+                    return await asyncio.wait_for(make(client), self.timeout_s)
                 except asyncio.TimeoutError:
                     raise Unavailable(
                         f"shard {s} of index {cv.view.meta.name!r} did not answer within "
@@ -230,7 +235,7 @@ class Engine:
                 except Exception as exc:
                     cause = unwrap(exc)
                     if isinstance(cause, IndexRetired) or isinstance(exc, ActorDiedError):
-                        handle = (await self.revalidate(cv)).view.shards[s]
+                        client = (await self.revalidate(cv)).shards[s]
                     elif isinstance(cause, VaultvecError):
                         raise cause from None
                     elif not isinstance(exc, SHARD_ERRORS):
@@ -280,32 +285,22 @@ class Engine:
         until its bound stops it; otherwise automatic probing (PartitionIndex.search_adaptive)
         chooses per query, with the calibrated slack times this replica's probing scale, and a
         share of the queries is measured against the exact answer (:meth:`_measure`)."""
-        k, n_probes, node, greedy, with_metadata = (
-            q.top_k,
-            q.n_probes,
-            q.filter,
-            q.greedy,
-            q.with_metadata,
-        )
         cfg = cv.config
         auto = None
-        if not (n_probes or greedy) and cv.quantizer is not None:
-            auto = cfg.auto_probing(k)
+        if not (q.n_probes or q.greedy) and cv.quantizer is not None:
+            auto = cfg.auto_probing(q.top_k)
         if auto is None:
-            nprobe = n_probes or cfg.auto_nprobe(k)
-            return await self._search(cv, x, k, n_probes, nprobe, node, greedy, with_metadata)
+            return await self._search(cv, x, q, q.n_probes or cfg.auto_nprobe(q.top_k))
         state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
         first, slacks = auto
         probing = Probing(first, slacks, state.scales)
-        hits = await self._search(
-            cv, x, k, 0, plan_width(first), node, False, with_metadata, probing
-        )
+        hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        rows = self.monitor.pick(len(x), k)
+        rows = self.monitor.pick(len(x), q.top_k)
         if len(rows):
             served = hits.ids.take_rows(rows).tolist()
-            task = asyncio.create_task(self._measure(cv, x[rows], k, node, probing, served))
+            task = asyncio.create_task(self._measure(cv, x[rows], q, probing, served))
             self._measuring.add(task)
             task.add_done_callback(self._measuring.discard)
         return hits
@@ -314,8 +309,7 @@ class Engine:
         self,
         cv: CachedView,
         x: np.ndarray,
-        k: int,
-        node: Any,
+        q: Query,
         probing: Probing,
         served: list[list[str | None]],
     ) -> None:
@@ -327,7 +321,7 @@ class Engine:
             cfg = cv.config
             # The shards search every list themselves: the plan sent is one list wide.
             exact = await self._search(
-                cv, x, k, 0, 1, node, False, False, probing._replace(measure=True)
+                cv, x, replace(q, with_metadata=False), 1, probing._replace(measure=True)
             )
             assert exact.needed is not None
             state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
@@ -343,15 +337,13 @@ class Engine:
         self,
         cv: CachedView,
         x: np.ndarray,
-        k: int,
-        explicit: int,
+        q: Query,
         nprobe: int,
-        node: Any,
-        greedy: bool,
-        with_metadata: bool,
         probing: Probing | None = None,
     ) -> Hits:
-        cfg = cv.config
+        """One fan-out of ``x`` planned ``nprobe`` lists wide (automatic probing: ``probing``
+        says how far each shard goes), widened for the queries whose probed lists ran dry."""
+        cfg, k = cv.config, q.top_k
         n_lists = cfg.n_lists if cv.quantizer is not None else 1
         nprobe = max(1, min(nprobe, n_lists))
         lists, coarse = self.plan(cv, x, nprobe)
@@ -362,45 +354,40 @@ class Engine:
             cfg.version,
             lists,
             coarse,
-            node,
-            greedy,
-            with_metadata,
-            explicit,
+            q.filter,
+            q.greedy and probing is None,
+            q.with_metadata,
+            q.n_probes if probing is None else 0,
             p.first,
             p.slacks,
             p.scales,
             p.measure,
         )
-        wire = shared(to_wire(req), len(cv.view.shards))
-        answers = await self.fan_out(
-            cv,
-            [(s, lambda h: h.search_wire.remote(cv.key, wire)) for s in range(len(cv.view.shards))],
+        packed = packed_for(req, len(cv.shards))
+        parts: list[SearchResult] = await self.fan_out(
+            cv, [(s, lambda c: c.search(cv.key, packed)) for s in range(len(cv.shards))]
         )
-        parts: list[tuple[SearchResult, int]] = [from_wire(a) for a in answers]
-        hits = merge([p[0] for p in parts], k, with_metadata)
+        hits = merge(parts, k, q.with_metadata)
         # A shard on another training version assigned lists itself (results stay right);
         # refresh the view so the next plans use the new quantizer.
-        cv = await self.refresh_if_stale(cv, [p[0].version for p in parts])
+        cv = await self.refresh_if_stale(cv, [p.version for p in parts])
         # Fewer than top_k results while more items match: the probed lists ran dry, so probe
         # more lists for those queries (rare: tiny lists or a very selective filter; automatic
         # probing widens by itself and does not get here).
-        need = min(k, sum(p[1] for p in parts))
+        need = min(k, sum(p.matched for p in parts))
         short = np.flatnonzero(hits.counts < need)
         n_lists = cv.config.n_lists if cv.quantizer is not None else 1
-        if len(short) == 0 or greedy or nprobe >= n_lists or (probing and probing.measure):
+        if len(short) == 0 or req.greedy or nprobe >= n_lists or (probing and probing.measure):
             return hits
-        wider = min(n_lists, nprobe * 4)
-        sub = await self._search(
-            cv, x[short], k, explicit, wider, node, greedy, with_metadata, probing
-        )
+        sub = await self._search(cv, x[short], q, min(n_lists, nprobe * 4), probing)
         return patch(hits, short, sub)
 
     async def upsert_batches(
-        self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], Any]
+        self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], UpsertBatch]
     ) -> int:
         assign = await assign_shards(ids, cv.config.n_shards)
         calls: list[ShardCall] = []
-        for s in range(len(cv.view.shards)):
+        for s in range(len(cv.shards)):
             rows = np.flatnonzero(assign == s)
             if len(rows):
                 calls.append((s, partial(_upsert, cv.key, make_batch(rows))))
@@ -411,32 +398,52 @@ class Engine:
         await self.refresh_if_stale(cv, [st.version for st in stats])
         return sum(cv.counts.values()) if len(cv.counts) == cv.config.n_shards else -1
 
-    async def by_shard(self, cv: CachedView, ids: list[str], method: str, *args: Any) -> list[Any]:
+    async def by_shard(
+        self,
+        cv: CachedView,
+        ids: list[str],
+        call: Callable[[ShardClient, list[str]], Awaitable[T]],
+    ) -> list[T]:
+        """``call(shard, its ids)`` on every shard holding some of ``ids``."""
         assign = await assign_shards(ids, cv.config.n_shards)
         calls: list[ShardCall] = []
-        for s in range(len(cv.view.shards)):
+        for s in range(len(cv.shards)):
             sub = [ids[i] for i in np.flatnonzero(assign == s)]
             if sub:
-                calls.append((s, partial(_method, method, cv.key, sub, *args)))
+                calls.append((s, partial(_with_ids, call, sub)))
         return await self.fan_out(cv, calls)
 
-    async def all_shards(self, cv: CachedView, method: str, *args: Any) -> list[Any]:
-        calls = [(s, partial(_method, method, cv.key, *args)) for s in range(len(cv.view.shards))]
-        return await self.fan_out(cv, calls)
+    async def all_shards(
+        self, cv: CachedView, call: Callable[[ShardClient], Awaitable[T]]
+    ) -> list[T]:
+        return await self.fan_out(cv, [(s, call) for s in range(len(cv.shards))])
 
-    async def count(self, cv: CachedView) -> tuple[int, CachedView]:
+    async def count(self, cv: CachedView, footprint: bool = False) -> tuple[int, CachedView]:
         """Items in the index, and the view refreshed if a shard reported a newer version."""
-        stats = await self.all_shards(cv, "stats")
-        cv.counts = {s: st.count for s, st in enumerate(stats)}
+        stats = await self.shard_stats(cv, footprint)
         fresh = await self.refresh_if_stale(cv, [st.version for st in stats], now=True)
         return sum(cv.counts.values()), fresh
 
+    async def shard_stats(self, cv: CachedView, footprint: bool = False) -> list[ShardStats]:
+        """Each shard's stats (with ``footprint``, its resident size too)."""
+        stats = await self.all_shards(cv, lambda c: c.stats(cv.key, footprint))
+        cv.counts = {s: st.count for s, st in enumerate(stats)}
+        return stats
+
+    async def memory(self, cv: CachedView) -> tuple[list[ShardStats], list[PoolStats]]:
+        """Each partition's stats with its resident size, and its pool actor's memory."""
+        stats = await self.shard_stats(cv, footprint=True)
+        pools = await self.all_shards(cv, lambda c: c.pool_stats())
+        return stats, pools
+
     async def delete(self, cv: CachedView, ids: list[str]) -> int:
         """Delete ``ids`` (distinct); returns how many existed."""
-        return int(sum(await self.by_shard(cv, ids, "delete"))) if ids else 0
+        if not ids:
+            return 0
+        return sum(await self.by_shard(cv, ids, lambda c, sub: c.delete(cv.key, sub)))
 
     async def list_ids(self, cv: CachedView) -> list[str]:
-        return [i for part in await self.all_shards(cv, "list_ids") for i in part]
+        return [i for part in await self.all_shards(cv, lambda c: c.list_ids(cv.key)) for i in part]
 
     async def match_ids(
         self,
@@ -448,7 +455,9 @@ class Engine:
     ) -> list[str]:
         """The ids of up to ``limit`` (None: all) items ``node`` matches, in ``order_by``'s order if given
         (each shard's matches in order, merged)."""
-        parts = await self.all_shards(cv, "match_ids", node, limit, order_by, ascending)
+        parts = await self.all_shards(
+            cv, lambda c: c.match_ids(cv.key, node, limit, order_by, ascending)
+        )
         if order_by is None:
             return [i for part in parts for i in part][:limit]
         pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
@@ -458,7 +467,9 @@ class Engine:
         self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> dict[str, dict[str, Any]]:
         """The stored fields of ``ids`` that exist: id -> {id, vector?, contents?, metadata?}."""
-        parts: list[Fetched] = await self.by_shard(cv, ids, "get", vectors, metadata, contents)
+        parts = await self.by_shard(
+            cv, ids, lambda c, sub: c.get(cv.key, sub, vectors, metadata, contents)
+        )
         if len(ids) <= INLINE_HASHES:
             return entries(parts)
         return await asyncio.to_thread(entries, parts)
@@ -498,29 +509,14 @@ async def assign_shards(ids: list[str], n_shards: int) -> np.ndarray:
     return await asyncio.to_thread(shard_assignment, ids, n_shards)
 
 
-# A call argument larger than Ray inlines in the task (100 KiB) goes through its object store;
-# passed by value, Ray would copy it into the store again for each call, so it is put there once
-# and every shard gets the reference (measured: a 10,000-query request, 6.3 MB, to 2 shards:
-# 87 -> 84 ms; a 1,000-query one, 0.63 MB, to 2 no-op actors: 4.1 -> 3.6 ms).
-SHARED_ARG_BYTES = 100 << 10
+def _with_ids(
+    call: Callable[[ShardClient, list[str]], Awaitable[T]], ids: list[str], shard: ShardClient
+) -> Awaitable[T]:
+    return call(shard, ids)
 
 
-def shared(arg: bytes, n_calls: int) -> Any:
-    """``arg``, or a reference to one stored copy of it when it is large and sent more than once.
-    Ray resolves the reference before the shard method runs: the shard receives the bytes."""
-    if n_calls > 1 and len(arg) >= SHARED_ARG_BYTES:
-        return ray.put(arg)
-    return arg
-
-
-def _method(method: str, *args: Any) -> Awaitable[Any]:
-    """``partial(_method, "get", key, ids)(handle)`` -> ``handle.get.remote(key, ids)``."""
-    *call_args, handle = args
-    return getattr(handle, method).remote(*call_args)
-
-
-def _upsert(key: bytes, batch: Any, handle: Any) -> Awaitable[Any]:
-    return handle.upsert.remote(key, batch)
+def _upsert(key: bytes, batch: UpsertBatch, shard: ShardClient) -> Awaitable[ShardStats]:
+    return shard.upsert(key, batch)
 
 
 def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:

@@ -210,6 +210,23 @@ class RecallReport(Model):
     lists_scanned_per_query: float | None
 
 
+class PartitionMemory(Model):
+    shard: int
+    pool_actor: str = Field(description="the shard pool actor hosting the partition")
+    resident_bytes: int = Field(description="what the loaded partition holds (estimate)")
+    pool_budget_bytes: int = Field(
+        description="that actor's memory budget; past it the least recently used partitions "
+        "are unloaded (0 = none)"
+    )
+    pool_resident_bytes: int = Field(description="that actor's resident memory")
+
+
+class MemoryReport(Model):
+    resident_bytes: int = Field(description="the index's partitions, summed")
+    idle_ttl_s: float = Field(description="partitions idle this long are unloaded (0 = never)")
+    partitions: list[PartitionMemory]
+
+
 class DescribeResponse(Model):
     index_name: str
     index_type: IndexType
@@ -222,6 +239,9 @@ class DescribeResponse(Model):
     num_vectors: int
     recall: RecallReport | None = Field(
         None, description="vaultvec: automatic probing's live recall estimate (null untrained)"
+    )
+    memory: MemoryReport | None = Field(
+        None, description="vaultvec: where the index's partitions live and what they hold"
     )
 
 

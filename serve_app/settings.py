@@ -52,9 +52,18 @@ class Settings(BaseSettings):
         0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
     )
     shard_num_cpus: float = Field(
-        ENGINE.shard_num_cpus, ge=0, description="CPU reserved per shard actor"
+        ENGINE.shard_num_cpus, ge=0, description="CPU reserved per shard pool actor"
     )
     shard_threads: int = Field(ENGINE.shard_threads, ge=1, description="faiss threads per shard")
+    pool_size: int = Field(
+        ENGINE.pool_size, ge=0, description="shard pool actors per node; 0 = one per CPU"
+    )
+    pool_memory_budget_mb: int = Field(
+        ENGINE.pool_memory_budget_mb,
+        ge=0,
+        description="resident memory per shard pool actor above which the least recently used "
+        "partitions are unloaded; 0 = its share of the memory Ray may use on the node",
+    )
     control_num_cpus: float = 0.1
     train_threads: int = Field(
         ENGINE.train_threads, ge=0, description="faiss threads for training; 0 = all cores"
@@ -73,7 +82,7 @@ class Settings(BaseSettings):
     train_wait_s: float = Field(ENGINE.train_wait_s, gt=0)
     wal_max_records: int = Field(ENGINE.wal_max_records, ge=1)
     idle_ttl_s: float = Field(
-        ENGINE.idle_ttl_s, ge=0, description="evict idle unlocked shards; 0 = never"
+        ENGINE.idle_ttl_s, ge=0, description="unload partitions idle this long; 0 = never"
     )
 
     max_top_k: int = Field(10_000, ge=1)

@@ -130,7 +130,9 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
 async def describe_index(body: IndexRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    num, cv = await engine.count(cv)
+    stats, pools = await engine.memory(cv)
+    num = sum(st.count for st in stats)
+    cv = await engine.refresh_if_stale(cv, [st.version for st in stats], now=True)
     cfg = cv.config
     # As CyborgDB answers: every field an int (0 = unknown or unused) in both places.
     dimension = cfg.dimension or 0
@@ -156,6 +158,20 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
             "embedding_model": cfg.embedding_model,
             "num_vectors": num,
             "recall": recall_report(engine, cfg),
+            "memory": {
+                "resident_bytes": sum(st.resident_bytes for st in stats),
+                "idle_ttl_s": pools[0].idle_ttl_s if pools else 0.0,
+                "partitions": [
+                    {
+                        "shard": s,
+                        "pool_actor": pool.name,
+                        "resident_bytes": st.resident_bytes,
+                        "pool_budget_bytes": pool.budget_bytes,
+                        "pool_resident_bytes": pool.rss_bytes,
+                    }
+                    for s, (st, pool) in enumerate(zip(stats, pools))
+                ],
+            },
         }
     )
 

@@ -58,8 +58,16 @@ def actors(prefix: str = "") -> dict[str, ActorInfo]:
     return out
 
 
-def shard_actors(index_id: str) -> dict[str, ActorInfo]:
-    return actors(f"vaultvec-shard-{index_id}-")
+def partition_actors(index_name: str) -> dict[int, ActorInfo]:
+    """Shard number -> the live (or restarting) pool actor hosting that partition of the index."""
+    import ray
+
+    from actors.control import NAMESPACE
+
+    control = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
+    placement = ray.get(control.lookup.remote(index_name)).placement
+    live = actors("vaultvec-pool-")
+    return {s: live[a] for s, a in enumerate(placement) if a in live}
 
 
 def control_actor() -> ActorInfo | None:

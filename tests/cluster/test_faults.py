@@ -29,8 +29,7 @@ from tests.cluster.support import (
     control_actor,
     create,
     gateways,
-    index_id_of,
-    shard_actors,
+    partition_actors,
     wait_until,
 )
 from tests.integration.support import Index, ok
@@ -87,31 +86,28 @@ def run_scenario(
 @pytest.fixture()
 def index(http: httpx.Client) -> Index:
     idx = create(http, seed_items=SEED_ITEMS)
-    assert len({a.node_id for a in shard_actors(index_id_of(idx.name)).values()}) == 3
+    assert len({a.node_id for a in partition_actors(idx.name).values()}) == 3
     return idx
 
 
-def all_alive(index_id: str, n: int) -> bool:
-    placed = shard_actors(index_id)
+def all_alive(index_name: str, n: int) -> bool:
+    placed = partition_actors(index_name)
     return len(placed) == n and all(a.state == "ALIVE" for a in placed.values())
 
 
 def test_shard_actor_killed(http: httpx.Client, index: Index) -> None:
-    index_id = index_id_of(index.name)
-    victim = shard_actors(index_id)[f"vaultvec-shard-{index_id}-0"]
+    victim = partition_actors(index.name)[0]  # the pool actor hosting partition 0
 
     def inject() -> None:
         os.kill(victim.pid, signal.SIGKILL)  # a crash: no clean-up, no goodbye
 
     def recovered() -> bool:
-        now = shard_actors(index_id)
+        now = partition_actors(index.name)
         return (
-            all_alive(index_id, 3)
-            and now[victim.name].pid != victim.pid
-            and answers_correctly(index, "s0")
+            all_alive(index.name, 3) and now[0].pid != victim.pid and answers_correctly(index, "s0")
         )
 
-    run_scenario("shard actor SIGKILL", http, index, inject, recovered)
+    run_scenario("shard pool actor SIGKILL", http, index, inject, recovered)
 
 
 def test_control_plane_killed(http: httpx.Client, index: Index) -> None:
@@ -140,9 +136,8 @@ def test_control_plane_killed(http: httpx.Client, index: Index) -> None:
 def test_node_removed(
     http: httpx.Client, ray_cluster: RayCluster, index: Index, graceful: bool
 ) -> None:
-    index_id = index_id_of(index.name)
-    placed = shard_actors(index_id)
-    # A worker node holding a shard (the head runs the Serve controller and proxy).
+    placed = partition_actors(index.name)
+    # A worker node holding a partition (the head runs the Serve controller and proxy).
     victim = next(
         w for w in ray_cluster.workers if any(a.node_id == w.node_id for a in placed.values())
     )
@@ -152,9 +147,9 @@ def test_node_removed(
         ray_cluster.remove_worker(victim, graceful=graceful)
 
     def recovered() -> bool:
-        now = shard_actors(index_id)
+        now = partition_actors(index.name)
         return (
-            all_alive(index_id, 3)
+            all_alive(index.name, 3)
             and all(now[n].node_id != victim.node_id for n in moved)
             and len([g for g in gateways() if g.state == "ALIVE"]) == 2
             and answers_correctly(index, "s1")

@@ -71,8 +71,8 @@ def test_shard_on_postgres_reloads_and_stores_no_plaintext(
         q = x[[10, 100, 200]] + 0.01
         coarse, lists = template.quantizer.search(q, 4)
         req = SearchRequest(q, 5, version=1, list_nos=lists, coarse_dis=coarse)
-        expected = shard.search(key, req)[0].ids.tolist()
-        assert reloaded.search(key, req)[0].ids.tolist() == expected
+        expected = shard.search(key, req).ids.tolist()
+        assert reloaded.search(key, req).ids.tolist() == expected
         assert [row[0] for row in expected] == [ids[10], ids[100], ids[200]]
     finally:
         shard.store.close()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+from actors.contract import ShardClient
 from actors.control import IndexView
 from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
 from actors.types import IndexConfig, IndexMeta
@@ -102,6 +103,10 @@ def engine(control: Control | None = None, retries: int = 3, timeout_s: float = 
     return Engine(ctl, retries=retries, retry_backoff_s=0.001, timeout_s=timeout_s)
 
 
+def stats_of(shard: ShardClient) -> Any:
+    return shard.stats(b"k" * 32)
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
@@ -113,27 +118,27 @@ def unavailable() -> ActorUnavailableError:
 def test_a_restarting_shard_is_retried_and_the_answer_is_complete() -> None:
     a, b = Shard("a", [unavailable(), unavailable()]), Shard("b")
     cv = cached(a, b)
-    assert run(engine().all_shards(cv, "stats")) == ["a", "b"]
+    assert run(engine().all_shards(cv, stats_of)) == ["a", "b"]
     assert a.calls == 3 and b.calls == 1
 
 
 def test_a_shard_that_stays_away_fails_the_whole_request_with_503() -> None:
     a, b = Shard("a", [unavailable()] * 10), Shard("b")
     with pytest.raises(Unavailable) as info:
-        run(engine(retries=2).all_shards(cached(a, b), "stats"))
+        run(engine(retries=2).all_shards(cached(a, b), stats_of))
     assert "shard 0 of index 'idx' is unavailable (tried 3 times)" in info.value.detail
     assert a.calls == 3  # bounded: retries + 1
 
 
 def test_a_hung_shard_is_a_503_after_the_timeout() -> None:
     with pytest.raises(Unavailable, match="did not answer within"):
-        run(engine(timeout_s=0.05).all_shards(cached(Shard(10.0), Shard("b")), "stats"))
+        run(engine(timeout_s=0.05).all_shards(cached(Shard(10.0), Shard("b")), stats_of))
 
 
 def test_request_errors_from_a_shard_are_not_retried() -> None:
     a = Shard("a", [InvalidRequest("bad dimension")])
     with pytest.raises(InvalidRequest, match="bad dimension"):
-        run(engine().all_shards(cached(a), "stats"))
+        run(engine().all_shards(cached(a), stats_of))
     assert a.calls == 1
 
 
@@ -141,7 +146,7 @@ def test_a_dead_shard_of_a_live_index_is_replaced_through_the_control_plane() ->
     replacement = Shard("new")
     control = Control(lambda: META, lambda: cached(replacement).view)
     dead = Shard("old", [ActorDiedError()] * 10)
-    assert run(engine(control).all_shards(cached(dead), "stats")) == ["new"]
+    assert run(engine(control).all_shards(cached(dead), stats_of)) == ["new"]
     assert control.lookups == 1 and control.views == 1 and dead.calls == 1
 
 
@@ -153,7 +158,7 @@ def test_a_retired_shard_of_a_deleted_index_is_a_404() -> None:
     eng = engine(control)
     eng._views["idx"] = cv = cached(Shard("x", [IndexRetired()]))
     with pytest.raises(IndexNotFound):
-        run(eng.all_shards(cv, "stats"))
+        run(eng.all_shards(cv, stats_of))
     assert "idx" not in eng._views
 
 
@@ -163,7 +168,7 @@ def test_a_recreated_index_raises_stale_and_the_request_runs_again() -> None:
     eng = engine(control)
     cv = cached(Shard("x", [ActorDiedError()]))
     with pytest.raises(StaleIndex):
-        run(eng.all_shards(cv, "stats"))
+        run(eng.all_shards(cv, stats_of))
 
     attempts: list[int] = []
 

@@ -3,7 +3,7 @@
 Ray runs a shard's calls on a pool of threads. With glibc's defaults (an arena per thread, a
 dynamic mmap threshold) the large blocks an ingest frees stay resident in the threads' malloc
 arenas: ingesting 30,000 items of 128 floats on 16 threads left 2,898 resident bytes per item.
-A shard starts with actors.heap.configure (one arena, a fixed 16 MiB mmap threshold): 725-778
+A pool actor starts with actors.heap.configure (one arena, a fixed 16 MiB mmap threshold): 725-778
 after the ingest, 665 for the same shard loaded fresh.
 
 Measured in a fresh interpreter, so that nothing else this test session allocated is counted.
@@ -30,7 +30,7 @@ INGEST = r"""
 import gc, itertools, json, os, tempfile
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
-from actors.heap import resident_anon_bytes, trim
+from actors.heap import configure, resident_anon_bytes, trim
 from actors.partition import serialize
 from actors.shard import Shard
 from actors.training import TrainParams, train_template
@@ -40,6 +40,7 @@ n, batch, threads, dim = 30_000, 1_500, 16, 128
 rng = np.random.default_rng(0)
 x = rng.standard_normal((n, dim), dtype=np.float32)
 key = os.urandom(32)
+configure()  # as a pool actor (actors.pool) starts
 with tempfile.TemporaryDirectory() as root:
     shard = Shard(f"file://{root}", "heap", "id-heap", 0)
     pools = [ThreadPoolExecutor(1) for _ in range(threads)]  # one call per thread in turn

@@ -11,6 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
+from actors.contract import pack, unpack_request
 from actors.control import IndexView
 from actors.filters import parse_filter
 from actors.partition import PartitionIndex, merge_topk, serialize
@@ -233,23 +234,24 @@ class Ref:
 
 
 class Handle:
-    """A shard handle that calls the Shard object in this process."""
+    """A pool actor handle that calls the Shard object in this process (the partition argument
+    of every call names it)."""
 
     def __init__(self, shard: Shard) -> None:
         self.shard = shard
         self.requests: list[SearchRequest] = []
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.shard, name)
         handle = self
 
         class Method:
-            def remote(self, *args: Any) -> Ref:
-                if name == "search_wire":
-                    from actors.types import from_wire
-
-                    handle.requests.append(from_wire(args[1]))
-                return Ref(method(*args))
+            def remote(self, partition: Any, *args: Any) -> Ref:
+                if name == "search_packed":
+                    key, blob = args
+                    req = unpack_request(blob)
+                    handle.requests.append(req)
+                    return Ref(pack(handle.shard.search(key, req)))
+                return Ref(getattr(handle.shard, name)(*args))
 
         return Method()
 
@@ -345,7 +347,7 @@ def test_sharded_adaptive_equals_merging_the_partitions(engine_index: Any) -> No
     first, slacks = cv.config.auto_probing(10) or (0, (0.0, 0.0))
     coarse, lists = cv.quantizer.search(q, 4 * first + 8)
     req = SearchRequest(q, 10, 1, lists, coarse, None, False, False, 0, first, slacks)
-    parts = [h.shard.search(KEY, req)[0] for h in handles]
+    parts = [h.shard.search(KEY, req) for h in handles]
     hits = asyncio.run(engine.search(cv, q, Query(10, with_metadata=False)))
     assert hits.ids.tolist() == merge(parts, 10, False).ids.tolist()
     assert hits.lists_scanned == sum(p.lists_scanned for p in parts) / 2
@@ -358,5 +360,6 @@ def test_an_empty_shard_answers_a_measure_request_with_no_needs(tmp_path) -> Non
     q = blobs(3, 16, seed=1)
     lists, coarse = np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.float32)
     req = SearchRequest(q, 5, 0, lists, coarse, None, False, False, 0, 2, (0.3, 0.5), measure=True)
-    result, n_match = shard.search(KEY, req)
+    result = shard.search(KEY, req)
+    n_match = result.matched
     assert n_match == 0 and result.needed is not None and np.isnan(result.needed).all()

@@ -51,7 +51,7 @@ def test_sharded_equals_unsharded(tmp_path, index_type: str, n_shards: int) -> N
     ref_d, ref_i = reference.search_preassigned(queries, k, lists, coarse)
 
     req = SearchRequest(queries, k, 1, lists, coarse)
-    hits = merge([s.search(KEY, req)[0] for s in shards], k, with_metadata=False)
+    hits = merge([s.search(KEY, req) for s in shards], k, with_metadata=False)
     expected_ids = [[ids[j] if j >= 0 else None for j in row] for row in ref_i]
     assert hits.ids.tolist() == expected_ids
     np.testing.assert_array_equal(hits.distances, ref_d)

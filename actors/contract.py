@@ -1,0 +1,176 @@
+"""The shard contract: what a pool actor answers for the partitions it hosts (:class:`ShardCalls`)
+and the typed client through which the gateway and the control plane call one partition
+(:class:`ShardClient`).
+
+Every call names its partition and carries the index's data key; requests and answers are the
+frozen dataclasses of actors.types. One exception to passing them as objects: a search request
+and its result travel pickled to bytes (:func:`pack`), because Ray's serializer costs more for
+small numpy-carrying dataclasses than the pickling does (benchmarks/shard_hop.py: about 1.2x the
+round trip of a single query) and a fan-out then sends the same bytes to every shard.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Protocol
+
+import numpy as np
+import ray
+from ray import ObjectRef
+
+from actors.filters import FilterNode
+from actors.types import (
+    Fetched,
+    Partition,
+    PoolStats,
+    SearchRequest,
+    SearchResult,
+    ShardStats,
+    UpsertBatch,
+)
+
+
+class ShardCalls(Protocol):
+    """The calls a pool actor answers (actors.pool.ShardPool implements them)."""
+
+    def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult: ...
+
+    def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes: ...
+
+    def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats: ...
+
+    def delete(self, p: Partition, key: bytes, ids: list[str]) -> int: ...
+
+    def get(
+        self,
+        p: Partition,
+        key: bytes,
+        ids: list[str],
+        vectors: bool,
+        metadata: bool,
+        contents: bool,
+    ) -> Fetched: ...
+
+    def list_ids(self, p: Partition, key: bytes) -> list[str]: ...
+
+    def match_ids(
+        self,
+        p: Partition,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None,
+        ascending: bool,
+    ) -> list[Any]: ...
+
+    def stats(self, p: Partition, key: bytes, footprint: bool) -> ShardStats: ...
+
+    def sample(self, p: Partition, key: bytes, n: int, seed: int) -> np.ndarray: ...
+
+    def rebuild(
+        self,
+        p: Partition,
+        key: bytes,
+        version: int,
+        template: np.ndarray,
+        nprobe_table: tuple[tuple[int, int], ...],
+        batch_size: int,
+    ) -> ShardStats: ...
+
+    def retire(self, index_id: str) -> None: ...
+
+    def pool_stats(self) -> PoolStats: ...
+
+    def ping(self) -> str: ...
+
+
+# A request larger than Ray inlines in a task (100 KiB) goes through its object store; passed by
+# value, Ray would copy it into the store again for each call, so it is put there once and every
+# shard gets the reference (a 10,000-query request, 6.3 MB, to 2 shards: 87 -> 84 ms; a
+# 1,000-query one, 0.63 MB, to 2 no-op actors: 4.1 -> 3.6 ms).
+SHARED_ARG_BYTES = 100 << 10
+
+
+def pack(obj: SearchRequest | SearchResult) -> bytes:
+    return pickle.dumps(obj, protocol=5)
+
+
+def unpack_request(blob: bytes) -> SearchRequest:
+    req = pickle.loads(blob)
+    assert isinstance(req, SearchRequest)
+    return req
+
+
+def unpack_result(blob: bytes) -> SearchResult:
+    result = pickle.loads(blob)
+    assert isinstance(result, SearchResult)
+    return result
+
+
+def packed_for(req: SearchRequest, n_calls: int) -> bytes | ObjectRef[bytes]:
+    """``req`` packed once for ``n_calls`` shards: the bytes, or a reference to one stored copy
+    when large and sent more than once (Ray resolves it before the shard's method runs)."""
+    blob = pack(req)
+    if n_calls > 1 and len(blob) >= SHARED_ARG_BYTES:
+        return ray.put(blob)
+    return blob
+
+
+class ShardClient:
+    """Typed calls to one partition on the pool actor hosting it. Each method returns the
+    call's ObjectRef (await it in the gateway, ``ray.get`` it in the control plane) except
+    :meth:`search`, which awaits and unpacks."""
+
+    def __init__(self, handle: Any, partition: Partition) -> None:
+        self.handle = handle
+        self.partition = partition
+
+    async def search(self, key: bytes, req: bytes | ObjectRef[bytes]) -> SearchResult:
+        """``req`` from :func:`packed_for`."""
+        return unpack_result(await self.handle.search_packed.remote(self.partition, key, req))
+
+    def upsert(self, key: bytes, batch: UpsertBatch) -> ObjectRef[ShardStats]:
+        return self.handle.upsert.remote(self.partition, key, batch)
+
+    def delete(self, key: bytes, ids: list[str]) -> ObjectRef[int]:
+        return self.handle.delete.remote(self.partition, key, ids)
+
+    def get(
+        self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
+    ) -> ObjectRef[Fetched]:
+        return self.handle.get.remote(self.partition, key, ids, vectors, metadata, contents)
+
+    def list_ids(self, key: bytes) -> ObjectRef[list[str]]:
+        return self.handle.list_ids.remote(self.partition, key)
+
+    def match_ids(
+        self,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None,
+        ascending: bool,
+    ) -> ObjectRef[list[Any]]:
+        return self.handle.match_ids.remote(self.partition, key, node, limit, order_by, ascending)
+
+    def stats(self, key: bytes, footprint: bool = False) -> ObjectRef[ShardStats]:
+        return self.handle.stats.remote(self.partition, key, footprint)
+
+    def sample(self, key: bytes, n: int, seed: int) -> ObjectRef[np.ndarray]:
+        return self.handle.sample.remote(self.partition, key, n, seed)
+
+    def pool_stats(self) -> ObjectRef[PoolStats]:
+        """The memory of the pool actor hosting the partition."""
+        return self.handle.pool_stats.remote()
+
+    def rebuild(
+        self,
+        key: bytes,
+        version: int,
+        template: np.ndarray | ObjectRef[np.ndarray],
+        nprobe_table: tuple[tuple[int, int], ...],
+        batch_size: int,
+    ) -> ObjectRef[ShardStats]:
+        return self.handle.rebuild.remote(
+            self.partition, key, version, template, nprobe_table, batch_size
+        )

@@ -1,0 +1,239 @@
+"""ShardPool: a long-lived actor hosting the partitions (index, shard number) of any number of
+indexes, within a memory budget.
+
+The control plane starts a pool of these per node (actors.placement) and places each index's S
+partitions on S different pool actors. A partition is a :class:`~actors.shard.Shard` with its
+own key, locks, write-ahead log and snapshots: a wrong key for one index never unlocks another,
+and one index's training or heavy query holds only its own locks. Hosting a partition costs
+nothing until a request with its key loads it; partitions idle past the TTL, or the least
+recently used ones while the actor's resident memory is over its budget, are unloaded again
+(everything is in the store, encrypted). A restarted actor reloads its partitions lazily.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+import ray
+
+from actors import heap, persistence
+from actors.contract import pack, unpack_request
+from actors.errors import IndexRetired
+from actors.filters import FilterNode
+from actors.shard import Shard
+from actors.store import Store, open_store
+from actors.types import (
+    Fetched,
+    Partition,
+    PoolStats,
+    SearchRequest,
+    SearchResult,
+    ShardStats,
+    UpsertBatch,
+)
+
+log = logging.getLogger("vaultvec.pool")
+
+EVICT_PERIOD_S = 1.0
+# Below the budget by this share after evicting, so that the next load does not evict at once.
+BUDGET_HEADROOM = 0.9
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    store_url: str
+    name: str = ""
+    budget_bytes: int = 0  # 0 = no budget
+    idle_ttl_s: float = 0.0  # 0 = never
+    wal_max_records: int = 256
+    threads: int = 1
+
+
+class ShardPool:
+    """Implements actors.contract.ShardCalls for the partitions it hosts."""
+
+    def __init__(self, options: PoolOptions) -> None:
+        heap.configure()  # one malloc arena, request buffers recycled (see actors.heap)
+        self.options = options
+        self.store: Store = open_store(options.store_url)
+        self._lock = threading.Lock()
+        self._hosted: dict[tuple[str, int], Shard] = {}
+        self._retired: set[str] = set()
+        self._evictions = 0
+        if options.budget_bytes or options.idle_ttl_s:
+            threading.Thread(target=self._evict_forever, name="vaultvec-evict", daemon=True).start()
+
+    # -- hosting ----------------------------------------------------------------------------
+    def _shard(self, p: Partition) -> Shard:
+        slot = (p.index_id, p.shard_no)
+        shard = self._hosted.get(slot)
+        if shard is not None:
+            return shard
+        with self._lock:
+            shard = self._hosted.get(slot)
+            if shard is None:
+                if p.index_id in self._retired or not self._exists(p.index_id):
+                    raise IndexRetired(f"index {p.name!r} (id {p.index_id}) was deleted")
+                shard = Shard(
+                    self.store,
+                    p.name,
+                    p.index_id,
+                    p.shard_no,
+                    wal_max_records=self.options.wal_max_records,
+                    threads=self.options.threads,
+                )
+                self._hosted[slot] = shard
+        return shard
+
+    def _exists(self, index_id: str) -> bool:
+        """Whether the index is in the catalog: a partition of a deleted index (a stale gateway,
+        a restarted actor) is refused rather than created empty."""
+        return self.store.get(persistence.meta_key(index_id)) is not None
+
+    def retire(self, index_id: str) -> None:
+        """Refuse every later call for the index (it is being deleted) and drop its partitions.
+        Gateways still holding its placement then learn that their view is stale."""
+        with self._lock:
+            self._retired.add(index_id)
+            gone = [slot for slot in self._hosted if slot[0] == index_id]
+            shards = [self._hosted.pop(slot) for slot in gone]
+        for shard in shards:
+            shard.retire()
+        if shards:
+            heap.trim()
+
+    # -- the partition calls ----------------------------------------------------------------
+    def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult:
+        return self._shard(p).search(key, req)
+
+    def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes:
+        return pack(self._shard(p).search(key, unpack_request(req)))
+
+    def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats:
+        return self._shard(p).upsert(key, batch)
+
+    def delete(self, p: Partition, key: bytes, ids: list[str]) -> int:
+        return self._shard(p).delete(key, ids)
+
+    def get(
+        self,
+        p: Partition,
+        key: bytes,
+        ids: list[str],
+        vectors: bool,
+        metadata: bool,
+        contents: bool,
+    ) -> Fetched:
+        return self._shard(p).get(key, ids, vectors, metadata, contents)
+
+    def list_ids(self, p: Partition, key: bytes) -> list[str]:
+        return self._shard(p).list_ids(key)
+
+    def match_ids(
+        self,
+        p: Partition,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None,
+        ascending: bool,
+    ) -> list[Any]:
+        return self._shard(p).match_ids(key, node, limit, order_by, ascending)
+
+    def stats(self, p: Partition, key: bytes, footprint: bool) -> ShardStats:
+        return self._shard(p).stats(key, footprint)
+
+    def sample(self, p: Partition, key: bytes, n: int, seed: int) -> np.ndarray:
+        return self._shard(p).sample(key, n, seed)
+
+    def rebuild(
+        self,
+        p: Partition,
+        key: bytes,
+        version: int,
+        template: np.ndarray,
+        nprobe_table: tuple[tuple[int, int], ...],
+        batch_size: int,
+    ) -> ShardStats:
+        # Ray caps OMP threads at the actor's (fractional) CPUs; a rebuild's adds use its own.
+        faiss.omp_set_num_threads(self.options.threads)
+        return self._shard(p).rebuild(key, version, template, nprobe_table, batch_size)
+
+    def ping(self) -> str:
+        """The node this actor runs on (the control plane spreads partitions by it)."""
+        return node_id()
+
+    # -- memory -----------------------------------------------------------------------------
+    def pool_stats(self) -> PoolStats:
+        shards = list(self._hosted.values())
+        loaded = [s for s in shards if s.loaded]
+        return PoolStats(
+            name=self.options.name,
+            node_id=node_id(),
+            budget_bytes=self.options.budget_bytes,
+            idle_ttl_s=self.options.idle_ttl_s,
+            rss_bytes=rss_bytes(),
+            partitions=len(shards),
+            loaded=len(loaded),
+            loaded_bytes=sum(s.resident_bytes() for s in loaded),
+            evictions=self._evictions,
+        )
+
+    def evict(self, now: float | None = None) -> int:
+        """Unload the partitions idle past the TTL, then, while resident memory is over the
+        budget, the least recently used ones; returns how many were unloaded. Partitions in use
+        (a request, snapshot or training swap in flight) are skipped."""
+        now = time.monotonic() if now is None else now
+        loaded = sorted(
+            (s for s in list(self._hosted.values()) if s.loaded), key=lambda s: s.last_used
+        )
+        ttl, budget = self.options.idle_ttl_s, self.options.budget_bytes
+        unloaded = 0
+        for shard in loaded:
+            if ttl and now - shard.last_used > ttl and shard.unload():
+                unloaded += 1
+        if budget and rss_bytes() > budget:
+            for shard in loaded:
+                if not shard.loaded or not shard.unload():
+                    continue
+                unloaded += 1
+                gc.collect()
+                heap.trim()
+                if rss_bytes() <= BUDGET_HEADROOM * budget:
+                    break
+        if unloaded:
+            self._evictions += unloaded
+            heap.trim()
+        return unloaded
+
+    def _evict_forever(self) -> None:
+        while True:
+            time.sleep(EVICT_PERIOD_S)
+            try:
+                self.evict()
+            except Exception:  # never let the loop die; say what, not which data
+                log.exception("eviction pass failed")
+
+
+def rss_bytes() -> int:
+    """This process's resident memory."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def node_id() -> str:
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # outside Ray (unit tests)
+        return "local"
+
+
+PoolActor = ray.remote(ShardPool)

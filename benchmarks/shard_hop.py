@@ -1,0 +1,103 @@
+"""The gateway -> shard hop: a search request and its result passed to a Ray actor as frozen
+dataclasses (Ray's serializer) against the same objects pickled to bytes by hand, side by side.
+
+Run from the repository root: ``.venv/bin/python benchmarks/shard_hop.py``. Prints the p50 and
+mean round trip of each form for a single query and for a batch of 1,000, and their ratios.
+"""
+
+from __future__ import annotations
+
+import pickle
+import statistics
+import time
+from typing import Any
+
+import common  # noqa: F401  (puts the repository root on sys.path)
+import numpy as np
+import ray
+
+from actors.strings import StringBlock
+from actors.types import SearchRequest, SearchResult
+
+ROUNDS = 7
+
+
+@ray.remote(num_cpus=0.1)
+class Echo:
+    """Answers a fixed result of the request's shape, as a shard would, in either form."""
+
+    def __init__(self, nq: int, k: int) -> None:
+        rng = np.random.default_rng(0)
+        ids = StringBlock.from_list([f"item-{i}" for i in range(nq * k)], (nq, k))
+        meta = np.array([b'{"tag": 1}'] * (nq * k), dtype=object).reshape(nq, k)
+        self.result = (
+            SearchResult(rng.random((nq, k), dtype=np.float32), ids, meta, 1, nq * 8),
+            nq * k,
+        )
+
+    def search(self, key: bytes, req: SearchRequest) -> tuple[SearchResult, int]:
+        return self.result
+
+    def search_bytes(self, key: bytes, req: bytes) -> bytes:
+        pickle.loads(req)
+        return pickle.dumps(self.result, protocol=5)
+
+
+def request(nq: int, k: int, d: int = 128, nprobe: int = 8) -> SearchRequest:
+    rng = np.random.default_rng(1)
+    return SearchRequest(
+        rng.random((nq, d), dtype=np.float32),
+        k,
+        1,
+        rng.integers(0, 100, (nq, nprobe)),
+        rng.random((nq, nprobe), dtype=np.float32),
+    )
+
+
+def timed(call: Any, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def measure(nq: int, k: int, calls: int) -> tuple[list[float], list[float]]:
+    actor = Echo.remote(nq, k)  # type: ignore[attr-defined]
+    req, key = request(nq, k), b"k" * 32
+
+    def as_objects() -> None:
+        ray.get(actor.search.remote(key, req))
+
+    def as_bytes() -> None:
+        pickle.loads(ray.get(actor.search_bytes.remote(key, pickle.dumps(req, protocol=5))))
+
+    objects: list[float] = []
+    raw: list[float] = []
+    for _ in range(ROUNDS):  # interleaved, so drift hits both alike
+        objects += timed(as_objects, calls)
+        raw += timed(as_bytes, calls)
+    ray.kill(actor)
+    return objects, raw
+
+
+def main() -> None:
+    ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
+    print(f"{'request':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
+    for label, nq, k, calls in (
+        ("1 query, k=10", 1, 10, 300),
+        ("1,000 queries, k=10", 1000, 10, 20),
+    ):
+        objects, raw = measure(nq, k, calls)
+        base = statistics.median(raw)
+        for form, xs in (("hand-pickled", raw), ("dataclasses", objects)):
+            p50 = statistics.median(xs)
+            print(
+                f"{label:<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x"
+            )
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

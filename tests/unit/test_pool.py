@@ -1,0 +1,126 @@
+"""The shard pool without Ray: many indexes' partitions in one actor, isolated by key; eviction by
+idle TTL and memory budget; deleted indexes refused; placement spread and deterministic."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from actors import persistence
+from actors.errors import IndexRetired, Unauthorized, Unavailable
+from actors.placement import place
+from actors.pool import PoolOptions, ShardPool
+from actors.store import open_store
+from actors.types import IndexMeta, Partition
+from tests.helpers import clustered
+from tests.unit.test_shard import batch, exact_ids, one_list
+
+KEY_A, KEY_B = bytes(range(32)), bytes(range(1, 33))
+
+
+def pool(tmp_path: Path, **kw) -> ShardPool:
+    return ShardPool(PoolOptions(store_url=f"file://{tmp_path}", **kw))
+
+
+def catalogued(tmp_path: Path, name: str, index_id: str) -> Partition:
+    """A partition of an index present in the store's catalog (as the control plane leaves it)."""
+    store = open_store(f"file://{tmp_path}")
+    persistence.write_meta(store, IndexMeta(name, index_id, b"salt", b"verifier"))
+    return Partition(name, index_id, 0)
+
+
+def test_one_pool_hosts_many_indexes_each_with_its_own_data_and_key(tmp_path: Path) -> None:
+    p = pool(tmp_path)
+    a, b = catalogued(tmp_path, "a", "ida"), catalogued(tmp_path, "b", "idb")
+    xa, xb = clustered(60, 8, seed=1), clustered(40, 8, seed=2) + 5
+    p.upsert(a, KEY_A, batch(xa, 0))
+    p.upsert(b, KEY_B, batch(xb, 0))
+    assert p.stats(a, KEY_A, False).count == 60 and p.stats(b, KEY_B, False).count == 40
+    res = p.search(a, KEY_A, one_list(xa[:3]))
+    assert res.ids.tolist() == exact_ids(xa, xa[:3], 5)
+    with pytest.raises(Unauthorized):  # one index's key never opens another's partition
+        p.search(b, KEY_A, one_list(xb[:1]))
+    assert p.pool_stats().partitions == 2 and p.pool_stats().loaded == 2
+
+
+def test_idle_partitions_are_evicted_after_the_ttl_and_reload_with_the_key(tmp_path: Path) -> None:
+    p = pool(tmp_path, idle_ttl_s=60.0)
+    a, b = catalogued(tmp_path, "a", "ida"), catalogued(tmp_path, "b", "idb")
+    x = clustered(50, 8, seed=3)
+    p.upsert(a, KEY_A, batch(x, 0))
+    p.upsert(b, KEY_B, batch(x, 0))
+    shard_a = p._shard(a)
+    assert p.evict(now=shard_a.last_used + 30) == 0  # not idle long enough
+    p.stats(b, KEY_B, False)  # b used later than a
+    assert p.evict(now=shard_a.last_used + 61) >= 1
+    assert not shard_a.loaded and shard_a.partition is None
+    assert p.pool_stats().evictions >= 1
+    assert p.stats(a, KEY_A, False).count == 50  # the next call with the key reloads it
+    assert p.search(a, KEY_A, one_list(x[:2])).ids.tolist() == exact_ids(x, x[:2], 5)
+
+
+def test_over_budget_the_least_recently_used_partitions_go_first(tmp_path: Path) -> None:
+    p = pool(tmp_path, budget_bytes=1)  # always over: every partition not in use goes
+    parts = [catalogued(tmp_path, f"i{n}", f"id{n}") for n in range(3)]
+    x = clustered(30, 8, seed=4)
+    for part in parts:
+        p.upsert(part, KEY_A, batch(x, 0))
+    shards = [p._shard(part) for part in parts]
+    with shards[2]._lock.read():  # a search in flight: that partition stays
+        assert p.evict() == 2
+    assert [s.loaded for s in shards] == [False, False, True]
+    assert p.stats(parts[0], KEY_A, False).count == 30
+
+
+def test_a_partition_mid_rebuild_or_snapshot_is_not_evicted(tmp_path: Path) -> None:
+    p = pool(tmp_path, budget_bytes=1)
+    part = catalogued(tmp_path, "a", "ida")
+    p.upsert(part, KEY_A, batch(clustered(20, 8), 0))
+    shard = p._shard(part)
+    with shard._snapshot_lock:
+        assert not shard.unload()
+    shard._pending = []
+    assert not shard.unload()
+    shard._pending = None
+    assert shard.unload()
+
+
+def test_deleted_indexes_are_refused_not_recreated_empty(tmp_path: Path) -> None:
+    p = pool(tmp_path)
+    part = catalogued(tmp_path, "a", "ida")
+    p.upsert(part, KEY_A, batch(clustered(20, 8), 0))
+    p.retire("ida")
+    with pytest.raises(IndexRetired):
+        p.stats(part, KEY_A, False)
+    # A restarted actor knows no tombstones: the catalog entry's absence refuses the call.
+    with pytest.raises(IndexRetired):
+        pool(tmp_path).stats(Partition("gone", "never-created", 0), KEY_A, False)
+
+
+def test_placement_uses_distinct_actors_spread_over_nodes_least_loaded_first() -> None:
+    nodes = {"p0": "n1", "p1": "n1", "p2": "n2", "p3": "n2", "p4": "n3"}
+    load: Counter[str] = Counter()
+    first = place("idx-1", 3, nodes, load)
+    assert len(set(first)) == 3 and {nodes[a] for a in first} == {"n1", "n2", "n3"}
+    assert place("idx-1", 3, nodes, load) == first  # deterministic
+    load.update(first)
+    second = place("idx-2", 2, nodes, load)
+    assert not set(second) & set(first)  # the least loaded actors first
+    many = place("idx-3", 7, nodes, Counter())
+    assert Counter(many).most_common(1)[0][1] == 2 and len(set(many)) == 5  # wraps when S > pool
+    spread = [place(f"idx-{i}", 1, nodes, Counter())[0] for i in range(200)]
+    assert len(set(spread)) == 5  # ties broken by hashing: single-shard indexes use every actor
+    with pytest.raises(Unavailable):
+        place("idx", 1, {}, Counter())
+
+
+def test_resident_bytes_follow_the_loaded_items(tmp_path: Path) -> None:
+    p = pool(tmp_path)
+    part = catalogued(tmp_path, "a", "ida")
+    x = clustered(1000, 32, seed=5)
+    p.upsert(part, KEY_A, batch(x, 0))
+    size = p.stats(part, KEY_A, True).resident_bytes
+    assert x.nbytes <= size <= 3 * x.nbytes
+    assert p.pool_stats().loaded_bytes == size
