@@ -127,12 +127,13 @@ class Pool:
 
     def _grow(self) -> None:
         per_node = node_sizes(self.size_per_node)
+        target = sum(per_node.values())
         have = Counter(self._nodes.values())
         started: list[str] = []
         n = len(self._handles)
         for node, want in per_node.items():
             for _ in range(max(0, want - have[node])):
-                if len(self._handles) + len(started) >= sum(per_node.values()):
+                if len(self._handles) >= target:  # enough actors, if some on other nodes
                     break
                 name = self.name(n)
                 n += 1

@@ -124,3 +124,25 @@ def test_resident_bytes_follow_the_loaded_items(tmp_path: Path) -> None:
     size = p.stats(part, KEY_A, True).resident_bytes
     assert x.nbytes <= size <= 3 * x.nbytes
     assert p.pool_stats().loaded_bytes == size
+
+
+def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from actors import placement
+
+    nodes = {"n1": 1, "n2": 1, "n3": 2}
+    monkeypatch.setattr(placement, "node_sizes", lambda size: dict(nodes))
+    pool = placement.Pool("file:///nowhere")
+    started: dict[str, str | None] = {}
+
+    def start(name: str, node: str | None) -> str:
+        started[name] = node
+        return name
+
+    monkeypatch.setattr(pool, "_start", start)
+    monkeypatch.setattr(pool, "_discover", lambda: None)
+    monkeypatch.setattr(pool, "_ping", lambda names, strict=False: {n: started[n] for n in names})
+    members = pool.members()
+    assert sorted(Counter(members.values()).items()) == [("n1", 1), ("n2", 1), ("n3", 2)]
+    nodes["n4"] = 1  # a node joins: only it gets a new actor
+    pool._checked_at = -1e9
+    assert Counter(pool.members().values())["n4"] == 1 and len(started) == 5
