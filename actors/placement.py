@@ -105,12 +105,16 @@ class Pool:
 
     def members(self) -> dict[str, str]:
         """Pool actor name -> node id, every node with CPUs holding its share of actors (started
-        now if missing). Unavailable if the actors cannot start (no room for them)."""
+        now if missing: a node that joined gets its share on the next call). Unavailable if the
+        pool has no actor and none can start (no room for them)."""
         with self._lock:
-            if time.monotonic() - self._checked_at < MEMBERSHIP_TTL_S and self._nodes:
+            sizes = node_sizes(self.size_per_node)
+            joined = set(sizes) - set(self._nodes.values())
+            fresh = time.monotonic() - self._checked_at < MEMBERSHIP_TTL_S
+            if self._nodes and fresh and not joined:
                 return dict(self._nodes)
             self._discover()
-            self._grow()
+            self._grow(sizes)
             self._checked_at = time.monotonic()
             return dict(self._nodes)
 
@@ -125,27 +129,30 @@ class Pool:
             n += 1
         self._nodes = self._ping(list(self._handles))
 
-    def _grow(self) -> None:
-        per_node = node_sizes(self.size_per_node)
-        target = sum(per_node.values())
+    def _grow(self, sizes: dict[str, int]) -> None:
+        """Start the actors each node lacks for its share. Actors that moved off a lost node
+        count on the node they run on now, so survivors may hold more than their share."""
         have = Counter(self._nodes.values())
         started: list[str] = []
         n = len(self._handles)
-        for node, want in per_node.items():
+        for node, want in sizes.items():
             for _ in range(max(0, want - have[node])):
-                if len(self._handles) >= target:  # enough actors, if some on other nodes
-                    break
                 name = self.name(n)
                 n += 1
                 self._handles[name] = self._start(name, node)
                 started.append(name)
-        if started:
-            try:
-                self._nodes.update(self._ping(started, strict=True))
-            except Unavailable:
-                for name in started:
-                    ray.kill(self._handles.pop(name))
+        if not started:
+            return
+        try:
+            self._nodes.update(self._ping(started, strict=True))
+        except Unavailable:
+            for name in started:
+                ray.kill(self._handles.pop(name))
+            if not self._nodes:
                 raise
+            log.warning(
+                "could not start %d shard pool actors; the pool goes on without them", len(started)
+            )
 
     def _ping(self, names: Iterable[str], strict: bool = False) -> dict[str, str]:
         names = list(names)

@@ -131,6 +131,7 @@ def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPat
 
     nodes = {"n1": 1, "n2": 1, "n3": 2}
     monkeypatch.setattr(placement, "node_sizes", lambda size: dict(nodes))
+    monkeypatch.setattr(placement.ray, "kill", lambda handle: None)
     pool = placement.Pool("file:///nowhere")
     started: dict[str, str | None] = {}
 
@@ -143,6 +144,9 @@ def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(pool, "_ping", lambda names, strict=False: {n: started[n] for n in names})
     members = pool.members()
     assert sorted(Counter(members.values()).items()) == [("n1", 1), ("n2", 1), ("n3", 2)]
-    nodes["n4"] = 1  # a node joins: only it gets a new actor
-    pool._checked_at = -1e9
+    nodes["n4"] = 1  # a node joins: it gets its share at once, nobody else a new actor
     assert Counter(pool.members().values())["n4"] == 1 and len(started) == 5
+    # n1's actor moved to n2 when n1 was lost; n1 comes back: it gets its share again.
+    pool._nodes["vaultvec-pool-" + placement.store_tag("file:///nowhere") + "-0"] = "n2"
+    assert Counter(pool.members().values()) == Counter(n1=1, n2=2, n3=2, n4=1)
+    assert len(started) == 6
