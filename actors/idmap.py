@@ -130,6 +130,22 @@ class IdMap:
                 self._merge(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
         self.count += len(ids)
 
+    def relabelled(self, new_of: np.ndarray, stored: Callable[[np.ndarray], StringBlock]) -> IdMap:
+        """A copy mapping every id to ``new_of[its label]`` (every label held must map to one
+        >= 0), reading ids through ``stored``; the slots of removed ids are dropped."""
+        out = IdMap(stored)
+        out.hash_fn = self.hash_fn  # the function that hashed the keys
+        keep = self.vals >= 0
+        out.keys, out.vals = self.keys[keep], new_of[self.vals[keep]]
+        recent = np.fromiter(self.recent.values(), dtype=np.int64, count=len(self.recent))
+        out.recent = dict(zip(self.recent, new_of[recent].tolist()))
+        out.overflow = {i: int(new_of[label]) for i, label in self.overflow.items()}
+        small = [*out.recent.values(), *out.overflow.values()]
+        if (out.vals < 0).any() or min(small, default=0) < 0:
+            raise ValueError("IdMap.relabelled: an id's label has no new label")
+        out.count = self.count
+        return out
+
     def _merge(self, hashes: np.ndarray, labels: np.ndarray) -> None:
         """Fold ``recent`` and the given (hash, label) pairs into the sorted arrays, dropping
         the slots of removed ids."""

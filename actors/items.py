@@ -1,7 +1,9 @@
 """Per-shard item table: string ids <-> integer labels, metadata, contents, liveness.
 
-Labels are dense integers handed out in order and never reused, so every per-item column is a
-numpy array indexed by label and lookups for a whole result block are single gathers.
+Labels are integers handed out in order and never reused, so every per-item column is a numpy
+array indexed by label and lookups for a whole result block are single gathers. Replaced and
+deleted items leave dead rows behind; :meth:`ItemTable.relabelled` copies the table onto a dense
+range of labels (actors.compaction decides when).
 """
 
 from __future__ import annotations
@@ -101,11 +103,7 @@ class ItemTable:
             labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
         end = int(labels.max()) + 1 if n else self.next_label
         self.next_label = max(self.next_label, end)
-        size = self.next_label
-        self.metadata = _grow(self.metadata, size)
-        self.contents = _grow(self.contents, size)
-        self.norms = _grow(self.norms, size)
-        self.alive = _grow(self.alive, size)
+        self._reserve(self.next_label)
         self.ids.set(labels, ids)
         self.ids.compact()
         self.metadata[labels] = list(metadata)
@@ -116,6 +114,13 @@ class ItemTable:
         self.id_map.add(ids, labels)
         self.columns.append(labels, [None if m is None else orjson.loads(m) for m in metadata])
         return labels, replaced
+
+    def _reserve(self, size: int) -> None:
+        """Room for labels below ``size`` in every per-label array."""
+        self.metadata = _grow(self.metadata, size)
+        self.contents = _grow(self.contents, size)
+        self.norms = _grow(self.norms, size)
+        self.alive = _grow(self.alive, size)
 
     def remove(self, ids: Sequence[str]) -> np.ndarray:
         labels = self.id_map.remove(ids)
@@ -137,6 +142,42 @@ class ItemTable:
             return None, len(self)
         mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
         return np.packbits(mask, bitorder="little"), int(mask.sum())
+
+    # -- compaction (actors.compaction) ----------------------------------------------------
+    def dead_rows(self) -> int:
+        """Labels handed out whose items were since replaced or deleted."""
+        return self.next_label - len(self)
+
+    def relabelled(self) -> tuple[ItemTable, np.ndarray]:
+        """A copy holding the live items under labels 0..n-1, in their label order, with
+        every per-label array exactly n long; and ``new_of``, each old label's new label
+        (-1 for the dead rows). The copy answers every lookup, filter and gather as this
+        table does, through ``new_of``; this table is left as it is."""
+        live = self.live_labels()
+        n = len(live)
+        new_of = np.full(self.next_label, -1, dtype=np.int64)
+        new_of[live] = np.arange(n, dtype=np.int64)
+        out = ItemTable()
+        out.next_label = n
+        out.ids = self.ids.relabelled(live)
+        out.id_map = self.id_map.relabelled(new_of, out.ids.get)
+        out.metadata = self.metadata[live]
+        out.contents = self.contents[live]
+        out.norms = self.norms[live]
+        out.alive = np.ones(n, dtype=bool)
+        out.columns = self.columns.relabelled(new_of)
+        return out, new_of
+
+    def nbytes(self) -> int:
+        """Bytes of the per-label arrays, the id map and the filter columns (the metadata and
+        contents arrays count their references, not the objects)."""
+        arrays = (self.metadata, self.contents, self.norms, self.alive)
+        return (
+            sum(a.nbytes for a in arrays)
+            + self.ids.nbytes()
+            + self.id_map.nbytes()
+            + self.columns.nbytes()
+        )
 
     # -- snapshots --------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -168,6 +209,7 @@ class ItemTable:
             labels=labels,
         )
         table.next_label = max(table.next_label, next_label)
+        table._reserve(table.next_label)  # labels above the last live one were handed out too
         return table
 
     def gather_ids(self, labels: np.ndarray) -> StringBlock:

@@ -261,6 +261,25 @@ class PartitionIndex:
         lists.this.disown()  # the index owns and frees them now
         self.churn = 0
 
+    def relabel(self, new_of: np.ndarray) -> None:
+        """Give every item the label ``new_of[label]``, rewriting the ids inside the lists in
+        place: codes, list order and sizes stay as they are (benchmarks/churn.py measures this
+        against copying the lists and against adding the vectors again). Every label held must
+        map to one >= 0; nothing changes otherwise."""
+        held = np.flatnonzero(self.list_of >= 0)
+        if len(held) and held[-1] >= len(new_of):
+            raise ValueError("relabel: a label held has no new label")
+        new = new_of[held]
+        if len(new) and new.min() < 0:
+            raise ValueError("relabel: a label held has no new label")
+        list_of = np.full(int(new.max()) + 1 if len(new) else 0, -1, dtype=np.int32)
+        list_of[new] = self.list_of[held]
+        for list_no in range(self.nlist):
+            ids = self._ids(list_no)
+            if len(ids):
+                ids[:] = new_of[ids]
+        self.list_of = list_of
+
     def reconstruct(self, labels: np.ndarray) -> np.ndarray:
         """The stored vectors of ``labels`` (which must all be in the index), decoded."""
         labels = np.asarray(labels, dtype=np.int64)

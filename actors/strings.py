@@ -205,6 +205,17 @@ class StringColumn:
         lens = np.where(ok, self.lens[safe], -1).astype(np.int32, copy=False)
         return StringBlock(gather_bytes(self.blob, self.start[safe], lens), lens)
 
+    def relabelled(self, labels: np.ndarray) -> StringColumn:
+        """A column holding the strings of ``labels`` under labels 0..len(labels)-1, its
+        arrays exactly that long."""
+        block = self.get(np.asarray(labels, dtype=np.int64))
+        out = StringColumn()
+        out.blob = block.blob.copy()  # its own buffer, not a gather shared with a result
+        out.used = out.live = len(out.blob)
+        out.start = block.starts()
+        out.lens = block.lens
+        return out
+
     def compact(self) -> None:
         """Drop the bytes of cleared and overwritten labels (when they are most of the blob)."""
         if self.used <= 2 * self.live + self.COMPACT_SLACK:

@@ -51,6 +51,9 @@ _DTYPES: dict[str, np.dtype[Any]] = {
 }
 
 
+# the value array beside each row array that has one
+_VALUES = {"nrow": "nval", "srow": "scode", "brow": "bval"}
+
 # one append batch for one path: Python lists named like _DTYPES, plus "sval" (the strings)
 _Pending = dict[str, list[Any]]
 _PENDING_KEYS = (*_DTYPES, "sval")
@@ -82,6 +85,34 @@ class _Column:
                 arr = np.array(values, dtype=_DTYPES[name])
             except OverflowError:  # "nval": an int beyond float range, ignored like NaN
                 arr = np.array([math.nan if abs(v) > 1e308 else v for v in values])
+            self._add_array(name, arr)
+
+    def relabelled(self, new_of: np.ndarray) -> _Column | None:
+        """A copy holding the entries of the rows that ``new_of`` keeps (old label -> new,
+        -1: dropped) under their new labels, and only the strings they use; None if no row
+        is kept."""
+        a = self.arrays()
+        out = _Column()
+        for name, rows in a.items():
+            if name in _VALUES.values() or not len(rows):
+                continue
+            new = new_of[rows]
+            keep = new >= 0
+            out._add_array(name, new[keep])
+            if name in _VALUES:
+                out._add_array(_VALUES[name], a[_VALUES[name]][keep])
+        if not out.chunks["present"]:
+            return None
+        codes = out.arrays()["scode"]
+        used = np.unique(codes)  # the old codes still in use, in insertion order
+        keys = list(self.vocab)
+        out.vocab = {keys[c]: i for i, c in enumerate(used.tolist())}
+        out.chunks["scode"] = [np.searchsorted(used, codes)] if len(codes) else []
+        out._arrays = None
+        return out
+
+    def _add_array(self, name: str, arr: np.ndarray) -> None:
+        if len(arr):
             self.chunks[name].append(arr)
             # a document's entries are contiguous, and no label is appended twice
             if name.endswith("row") and (arr[1:] == arr[:-1]).any():
@@ -140,7 +171,8 @@ _CMP = {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less
 
 class MetadataColumns:
     """Append-only columnar store of metadata for integer row labels 0..n-1 (labels may have gaps;
-    a label never appended behaves as metadata {})."""
+    a label never appended behaves as metadata {}). :meth:`relabelled` copies it without the
+    rows of dropped labels, so its memory can follow the rows in use."""
 
     def __init__(self) -> None:
         self._cols: dict[str, _Column] = {}
@@ -218,6 +250,30 @@ class MetadataColumns:
         self._count += len(labels)
         self._width = max(self._width, int(labels.max()) + 1)
         self._holes.clear()
+
+    def relabelled(self, new_of: np.ndarray) -> MetadataColumns:
+        """A copy holding only the rows that ``new_of`` keeps (``new_of[old label]``: the new
+        label, -1 to drop the row), under their new labels, with the paths and strings that
+        those rows use. Filters match the same documents under the new labels."""
+        new_of = np.asarray(new_of, dtype=np.int64)
+        if len(new_of) < self._width:
+            raise ValueError("relabelled: new_of must cover every appended label")
+        out = MetadataColumns()
+        for path, col in self._cols.items():
+            kept = col.relabelled(new_of)
+            if kept is not None:
+                out._cols[path] = kept
+        kept_labels = new_of[: self._width]
+        kept_labels = kept_labels[kept_labels >= 0]
+        out._count = len(kept_labels)  # a kept label counts as appended
+        out._width = int(kept_labels.max()) + 1 if len(kept_labels) else 0
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes held by the columns' arrays (not the vocabularies' strings)."""
+        return sum(
+            arr.nbytes for col in self._cols.values() for lst in col.chunks.values() for arr in lst
+        )
 
     def evaluate(self, node: FilterNode | None, n_rows: int) -> np.ndarray:
         """Bool mask of length ``n_rows``; ``None`` matches everything."""

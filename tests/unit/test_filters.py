@@ -533,3 +533,41 @@ def test_vectorised_matches_reference(
         got = cols.evaluate(parse_filter(flt), n_rows)
         want = [matches(by_label.get(r), flt) for r in range(n_rows)]
         assert got.tolist() == want, flt
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    docs=st.lists(DOC, min_size=1, max_size=25),
+    keep=st.lists(st.booleans(), min_size=25, max_size=25),
+    filters=st.lists(FILTER, min_size=1, max_size=3),
+    stride=st.integers(1, 3),
+)
+def test_relabelled_matches_reference(
+    docs: list[dict[str, Any] | None],
+    keep: list[bool],
+    filters: list[dict[str, Any]],
+    stride: int,
+) -> None:
+    """Dropping rows and renumbering the rest (compaction) leaves every filter matching the
+    kept documents under their new labels, and the copy holds the paths and strings of the
+    kept documents only: what a store that only ever held them holds."""
+    labels = np.arange(len(docs), dtype=np.int64) * stride
+    cols = MetadataColumns()
+    half = len(docs) // 2
+    cols.append(labels[:half], docs[:half])
+    cols.evaluate(parse_filter(filters[0]), int(labels[-1]) + 1)  # caches built, then stale
+    cols.append(labels[half:], docs[half:])
+    kept = [i for i in range(len(docs)) if keep[i]]
+    new_of = np.full(int(labels[-1]) + 1, -1, dtype=np.int64)
+    new_of[labels[kept]] = np.arange(len(kept))
+    out = cols.relabelled(new_of)
+    assert len(out) == len(kept)
+    probes = [{p: c} for p in sorted(set(PATHS)) for c in (None, {"$exists": True})]
+    for flt in filters + [a for f in filters for a in _atoms(f)] + probes:
+        got = out.evaluate(parse_filter(flt), len(kept))
+        assert got.tolist() == [matches(docs[i], flt) for i in kept], flt
+    fresh = MetadataColumns()
+    fresh.append(np.arange(len(kept)), [docs[i] for i in kept])
+    assert {p: set(c.vocab) for p, c in out._cols.items()} == {
+        p: set(c.vocab) for p, c in fresh._cols.items()
+    }

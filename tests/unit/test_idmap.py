@@ -23,7 +23,7 @@ OPS = st.lists(
 
 def table_with(hash_fn: Callable[[str], int]) -> ItemTable:
     table = ItemTable()
-    table.id_map.hash_fn = hash_fn  # type: ignore[method-assign]
+    table.id_map.hash_fn = hash_fn
     return table
 
 
@@ -91,3 +91,32 @@ def test_ids_must_be_distinct_within_one_write() -> None:
     with pytest.raises(ValueError, match="distinct"):
         table.insert(["y", "x", "y"], [None] * 3, [None] * 3, None)
     assert len(table) == 1 and table.id_map.lookup(["x", "y"]).tolist() == [0, -1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(OPS, st.sampled_from([hash, lambda s: hash(s) % 3, lambda s: 7]), st.integers(0, 40))
+def test_a_relabelled_table_finds_every_id_under_its_new_label(
+    ops: list[tuple[str, list[str]]], hash_fn: Callable[[str], int], at: int
+) -> None:
+    """ItemTable.relabelled (compaction) moves every id to its new label, with colliding
+    hashes (overflow) and pending small writes (recent) too, and the copy goes on taking
+    writes as the table did."""
+    with mock.patch.object(idmap, "MERGE_MIN", 3), mock.patch.object(idmap, "BULK", 5):
+        table = table_with(hash_fn)
+        model: dict[str, int] = {}
+        seen: list[str] = []
+        for step, (op, ids) in enumerate(ops):
+            if step == at:
+                table, new_of = table.relabelled()
+                model = {i: int(new_of[label]) for i, label in model.items()}
+                assert sorted(model.values()) == list(range(len(model)))
+                check(table, model, [*seen, "absent"])
+            if op == "upsert":
+                labels, replaced = table.insert(ids, [None] * len(ids), [None] * len(ids), None)
+                assert sorted(replaced.tolist()) == sorted(model[i] for i in ids if i in model)
+                model.update(zip(ids, labels.tolist()))
+            else:
+                gone = table.remove(ids)
+                assert sorted(gone.tolist()) == sorted(model.pop(i) for i in ids if i in model)
+            seen += ids
+            check(table, model, [*seen, "absent", "é"])

@@ -1,6 +1,6 @@
 """PartitionIndex.search: a batch searched in locality order answers exactly as faiss does in
 request order (ids and distances bit for bit), for every index type, with skipped lists and
-with a filter."""
+with a filter; relabelled in place, it answers as before under the new labels."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.partition import LOCALITY_MIN_QUERIES, PartitionIndex, locality_order, principal_rank
+from actors.partition import (
+    LOCALITY_MIN_QUERIES,
+    PartitionIndex,
+    locality_order,
+    principal_rank,
+    serialize,
+)
 from actors.training import TrainParams, train_template
 from tests.helpers import clustered
 
@@ -94,3 +100,26 @@ def test_principal_rank_follows_the_centroids_main_axis(n: int) -> None:
 
 def test_principal_rank_of_one_list() -> None:
     assert principal_rank(np.zeros((1, 8), dtype=np.float32)).tolist() == [0]
+
+
+def test_relabel_rewrites_the_ids_in_place(partition: PartitionIndex) -> None:
+    """Compaction's relabelling: every search and reconstruction answers as before, under the
+    new labels; the label -> list map is as long as the items."""
+    part = PartitionIndex.from_template(serialize(partition.index), partition.dimension)
+    old = np.arange(5000) * 3 + 1
+    new_of = np.full(old.max() + 1, -1, dtype=np.int64)
+    new_of[old] = np.arange(5000)
+    q = clustered(50, 32, n_clusters=30, seed=5)
+    coarse, lists = part.index.quantizer.search(q, 6)
+    d0, i0 = part.search(q, 10, lists, coarse, None)
+    vectors = part.reconstruct(old[::7])
+    part.relabel(new_of)
+    d1, i1 = part.search(q, 10, lists, coarse, None)
+    np.testing.assert_array_equal(d1, d0)
+    np.testing.assert_array_equal(i1, np.where(i0 >= 0, new_of[np.maximum(i0, 0)], -1))
+    np.testing.assert_array_equal(part.reconstruct(np.arange(5000)[::7]), vectors)
+    assert len(part.list_of) == part.ntotal == 5000
+    assert sorted(part.all_labels().tolist()) == list(range(5000))
+    with pytest.raises(ValueError, match="no new label"):
+        part.relabel(np.arange(10))  # labels 10 and above would have none
+    assert sorted(part.all_labels().tolist()) == list(range(5000))
