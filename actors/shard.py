@@ -25,7 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from actors import codec, heap, persistence
+from actors import codec, compaction, heap, persistence
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest, Unauthorized
 from actors.filters import FilterNode
@@ -229,8 +229,6 @@ class Shard:
         (actors.compaction), and lay the partition's lists out exactly once writes have churned
         them (PartitionIndex.laid_out): copied while searches go on, swapped in unless a write,
         a load or a training rebuild came meanwhile (the next pause tries again)."""
-        from actors import compaction
-
         with self._lock.read():
             part, items, seq = self.partition, self.items, self.seq
             if part is None or self._pending is not None:
@@ -336,6 +334,11 @@ class Shard:
                 self._ensure_loaded(key)
                 if self._pending is not None:
                     return  # a rebuild is in flight; it snapshots when it swaps
+                # Writes that never pause never let the idle tidy compact: do it here, at
+                # most once per WAL roll (a few ms per 20,000 live items).
+                plan = compaction.prepare(self.items, self.partition)
+                if plan is not None and self.partition is not None:
+                    self.items = plan.apply(self.partition)
                 frame = self._capture()
                 old_gen, self.gen = self.gen, self.gen + 1
                 self._wal_records = self._wal_bytes = 0

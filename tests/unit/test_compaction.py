@@ -392,8 +392,8 @@ def check_model(seen: dict[str, Any], model: dict[str, Any]) -> None:
 def test_a_compacted_shard_reloads_with_its_wal_on_top(
     tmp_path: Path, snapshot_after: bool
 ) -> None:
-    """The snapshot is taken after the compaction (it holds the dense labels) or before it
-    (the compaction only ever happened in memory); either way the WAL written afterwards
+    """The snapshot is taken after the compaction (it holds the dense labels) or before the
+    items were replaced (the compaction only ever happened in memory); either way the WAL written afterwards
     replays on top of it to the same answers."""
     shard = Shard(f"file://{tmp_path}", "idx", "id0", 0, wal_max_records=1000)
     model: dict[str, Any] = {}
@@ -402,12 +402,12 @@ def test_a_compacted_shard_reloads_with_its_wal_on_top(
     x = shard.sample(KEY, 2000)
     template = train_template(x, "ivfflat", 16, None, None, TrainParams(max_iters=5))
     shard.rebuild(KEY, 1, serialize(template))
+    if not snapshot_after:  # (a snapshot when compaction is due compacts first)
+        shard.snapshot(KEY)
     write(shard, model, ids, 1)  # every item replaced: N_SHARD dead rows
     shard.delete(KEY, ids[:100])
     for i in ids[:100]:
         del model[i]
-    if not snapshot_after:
-        shard.snapshot(KEY)
     assert compaction.due(shard.items)
     shard._lay_out_lists()
     assert shard.items.next_label == len(shard.items) == len(model)
@@ -450,3 +450,16 @@ def test_no_swap_during_a_rebuild_or_after_a_write(
     monkeypatch.setattr(compaction, "prepare", prepare)
     shard._lay_out_lists()
     assert shard.items is not table and shard.items.next_label == N_SHARD
+
+
+@pytest.mark.usefixtures("no_idle_tidy")
+def test_writes_that_never_pause_are_compacted_when_the_wal_rolls(tmp_path: Path) -> None:
+    shard = Shard(f"file://{tmp_path}", "idx", "id0", 0, wal_max_records=2)
+    model: dict[str, Any] = {}
+    ids = [f"s{i}" for i in range(N_SHARD)]
+    for round_no in range(4):  # every item replaced three times, no pause for the idle tidy
+        write(shard, model, ids, round_no)
+    assert shard.items.next_label < 2.5 * len(model)  # 4x without compaction
+    seen = observe(shard)
+    check_model(seen, model)
+    assert observe(Shard(f"file://{tmp_path}", "idx", "id0", 0)) == seen
