@@ -84,7 +84,7 @@ class Hits:
 @dataclass(frozen=True)
 class Query:
     """A query's options as the engine takes them: validated, defaults applied
-    (serve_app.service.QueryParams builds it once per request, whatever the transport)."""
+    (serve_app.params.QueryParams builds it once per request, whatever the transport)."""
 
     top_k: int
     n_probes: int = 0  # 0 = automatic
