@@ -19,6 +19,7 @@ import ray
 from ray import ObjectRef
 
 from actors.filters import FilterNode
+from actors.metrics import Family
 from actors.types import (
     Fetched,
     Partition,
@@ -80,6 +81,8 @@ class ShardCalls(Protocol):
     def retire(self, index_id: str) -> None: ...
 
     def pool_stats(self) -> PoolStats: ...
+
+    def metrics(self) -> list[Family]: ...
 
     def ping(self) -> str: ...
 

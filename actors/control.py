@@ -12,6 +12,7 @@ import math
 import os
 import secrets
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from actors import persistence
 from actors.contract import ShardClient
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
+from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
 from actors.partition import centroids_of, deserialize, serialize
 from actors.placement import Pool, place
 from actors.store import Store, open_store
@@ -218,6 +220,68 @@ class ControlPlane:
     def stop_pool(self) -> None:
         self.pool.stop()
 
+    # -- metrics (actors.metrics) -----------------------------------------------------------
+    def report_metrics(self, replica: str, families: list[Family]) -> None:
+        """A gateway replica's series, pushed every few seconds."""
+        self._metrics().gateway(replica, families)
+
+    def service_metrics(
+        self, replica: str, families: list[Family], timeout_s: float = 10.0
+    ) -> ServiceReport:
+        """The whole service's series for a scrape at gateway ``replica`` (whose own series
+        come along): the other gateways' latest, the control plane's, every pool actor's."""
+        state = self._metrics()
+        state.gateway(replica, families)
+        try:
+            handles = [self.pool.handle(a) for a in self.pool.members()]
+        except VaultvecError:  # the pool cannot start: report the rest
+            handles = []
+        refs = [h.metrics.remote() for h in handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        pools = []
+        for ref in ready:
+            with contextlib.suppress(RayActorError):
+                pools.append(ray.get(ref))
+        with self._lock:
+            names = {meta.index_id: name for name, meta in self._catalog.items()}
+        return ServiceReport(
+            state.gateways_except(replica),
+            state.registry.snapshot(),
+            pools,
+            names,
+            len(refs) - len(pools),
+        )
+
+    def _metrics(self) -> ControlMetrics:
+        """Created on first use (a gateway's first report, or a training's end)."""
+        with self._lock:
+            state: ControlMetrics | None = self.__dict__.get("_metrics_state")
+            if state is None:
+                state = self._metrics_state = ControlMetrics(self._catalog_metrics)
+            return state
+
+    def _catalog_metrics(self) -> list[Family]:
+        with self._lock:
+            shards = {meta.index_id: len(meta.placement) for meta in self._catalog.values()}
+            running = {self._catalog[n].index_id for n in self._training if n in self._catalog}
+        return [
+            gauge(
+                "vaultvec_index_shards", "partitions (shards) per index", (INDEX_ID,), keyed(shards)
+            ),
+            gauge(
+                "vaultvec_index_training",
+                "1 while the index is training",
+                (INDEX_ID,),
+                {(i,): float(i in running) for i in shards},
+            ),
+        ]
+
+    def _record_training(self, name: str, started: float, future: Future[IndexConfig]) -> None:
+        meta = self._catalog.get(name)
+        if meta is not None:
+            ok = future.done() and future.exception() is None
+            self._metrics().training(meta.index_id, time.monotonic() - started, ok)
+
     # -- training ---------------------------------------------------------------------------
     def train(self, name: str, key: bytes, params: TrainParams, wait: bool = True) -> str:
         """Start (or join) training; with ``wait``, block until it ends or train_wait_s passes."""
@@ -269,11 +333,13 @@ class ControlPlane:
     def _train_job(
         self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]
     ) -> None:
+        started = time.monotonic()
         try:
             future.set_result(self._train(name, key, params))
         except BaseException as exc:
             future.set_exception(exc)
         finally:
+            self._record_training(name, started, future)
             with self._lock:
                 if self._training.get(name) is future:
                     del self._training[name]

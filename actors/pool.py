@@ -17,6 +17,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ import numpy as np
 import ray
 
 from actors import heap, persistence
+from actors import metrics as m
 from actors.contract import pack, unpack_request
 from actors.errors import IndexRetired
 from actors.filters import FilterNode
@@ -68,6 +71,7 @@ class ShardPool:
         self._hosted: dict[tuple[str, int], Shard] = {}
         self._retired: set[str] = set()
         self._evictions = 0
+        self._metrics = PoolMetrics(self)
         if options.budget_bytes or options.idle_ttl_s:
             threading.Thread(target=self._evict_forever, name="vaultvec-evict", daemon=True).start()
 
@@ -112,16 +116,20 @@ class ShardPool:
 
     # -- the partition calls ----------------------------------------------------------------
     def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult:
-        return self._shard(p).search(key, req)
+        with self._metrics.call("search", p.shard_no):
+            return self._shard(p).search(key, req)
 
     def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes:
-        return pack(self._shard(p).search(key, unpack_request(req)))
+        with self._metrics.call("search", p.shard_no):
+            return pack(self._shard(p).search(key, unpack_request(req)))
 
     def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats:
-        return self._shard(p).upsert(key, batch)
+        with self._metrics.call("upsert"):
+            return self._shard(p).upsert(key, batch)
 
     def delete(self, p: Partition, key: bytes, ids: list[str]) -> int:
-        return self._shard(p).delete(key, ids)
+        with self._metrics.call("delete"):
+            return self._shard(p).delete(key, ids)
 
     def get(
         self,
@@ -187,6 +195,12 @@ class ShardPool:
             evictions=self._evictions,
         )
 
+    def metrics(self) -> list[m.Family]:
+        """This actor's series (actors.metrics): calls, errors and search time, memory,
+        partitions, evictions, restarts, and per index (by id) items, WAL records since the
+        last snapshot and partitions loaded."""
+        return self._metrics.registry.snapshot()
+
     def evict(self, now: float | None = None) -> int:
         """Unload the partitions idle past the TTL, then, while resident memory is over the
         budget, the least recently used ones; returns how many were unloaded. Partitions in use
@@ -234,6 +248,121 @@ def node_id() -> str:
         return str(ray.get_runtime_context().get_node_id())
     except Exception:  # outside Ray (unit tests)
         return "local"
+
+
+EVICTIONS = "partitions unloaded (idle past the TTL or over the memory budget)"
+RESTARTS = "restarts of the pool actors (crashes, lost nodes)"
+ITEMS = "items per index (partitions not loaded count as last loaded here)"
+WAL = "write-ahead log records since the last snapshot, over the loaded partitions"
+LOADED = "partitions of the index unlocked in memory"
+
+
+class PoolMetrics:
+    """A pool actor's series: recorded around its partition calls (under a lock: the actor
+    runs calls on several threads) and computed from its partitions when reported."""
+
+    def __init__(self, pool: ShardPool) -> None:
+        self.pool = pool
+        self.registry = m.Registry(threading.Lock())
+        self.calls = self.registry.counter(
+            "vaultvec_pool_calls_total", "partition calls answered by the shard pool", ("call",)
+        )
+        self.errors = self.registry.counter(
+            "vaultvec_pool_errors_total", "partition calls that failed", ("call", "error")
+        )
+        self.search_s = self.registry.histogram(
+            "vaultvec_shard_search_seconds",
+            "one shard's search of a request inside its pool actor, by shard number",
+            ("shard",),
+            m.STAGE_BUCKETS,
+        )
+        self.registry.collector(self.collect)
+        self._items: dict[tuple[str, int], int] = {}  # last known items per partition
+        self._sizes: dict[tuple[str, int], tuple[int, int, int]] = {}  # (gen, seq, bytes)
+        self._restarts: int | None = None
+        m.export_to_ray(self.registry)
+
+    @contextmanager
+    def call(self, name: str, shard_no: int = -1) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            with self.registry.lock:
+                self.calls.inc((name,))
+                self.errors.inc((name, type(exc).__name__))
+            raise
+        elapsed = time.perf_counter() - start
+        with self.registry.lock:
+            self.calls.inc((name,))
+            if shard_no >= 0:
+                self.search_s.observe((str(shard_no),), elapsed)
+
+    def collect(self) -> list[m.Family]:
+        pool = self.pool
+        hosted = list(pool._hosted.items())
+        items: dict[str, float] = {}
+        wal: dict[str, float] = {}
+        loaded: dict[str, float] = {}
+        loaded_bytes = 0
+        for slot in self._items.keys() - dict(hosted).keys():  # retired partitions
+            self._items.pop(slot, None)
+            self._sizes.pop(slot, None)
+        for slot, shard in hosted:
+            index = slot[0]
+            if shard.loaded:
+                self._items[slot] = len(shard.items)
+                wal[index] = wal.get(index, 0.0) + shard._wal_records
+                loaded[index] = loaded.get(index, 0.0) + 1
+                loaded_bytes += self._resident(slot, shard)
+            items[index] = items.get(index, 0.0) + self._items.get(slot, 0)
+        idx = ("index_id",)
+        budget = pool.options.budget_bytes
+        n_loaded = sum(loaded.values())
+        return [
+            m.single("vaultvec_pool_actors", "shard pool actors reporting", 1),
+            m.single("vaultvec_pool_rss_bytes", "resident memory of the pool actors", rss_bytes()),
+            m.single("vaultvec_pool_loaded_bytes", "memory of the loaded partitions", loaded_bytes),
+            m.single("vaultvec_pool_budget_bytes", "pool actors' memory budgets (0: none)", budget),
+            m.gauge(
+                "vaultvec_pool_partitions",
+                "partitions hosted by the pool actors, by state",
+                ("state",),
+                {("loaded",): n_loaded, ("locked",): len(hosted) - n_loaded},
+            ),
+            m.single("vaultvec_pool_evictions_total", EVICTIONS, pool._evictions, "counter"),
+            m.single("vaultvec_pool_restarts_total", RESTARTS, self.restarts(), "counter"),
+            m.gauge("vaultvec_index_items", ITEMS, idx, m.keyed(items)),
+            m.gauge("vaultvec_index_wal_records", WAL, idx, m.keyed(wal)),
+            m.gauge("vaultvec_index_partitions_loaded", LOADED, idx, m.keyed(loaded)),
+        ]
+
+    def _resident(self, slot: tuple[str, int], shard: Shard) -> int:
+        """Shard.resident_bytes, recomputed only after the partition changed (it passes over
+        every item's metadata and contents)."""
+        at = (shard.gen, shard.seq)
+        cached = self._sizes.get(slot)
+        if cached is not None and cached[:2] == at:
+            return cached[2]
+        size = shard.resident_bytes()
+        self._sizes[slot] = (*at, size)
+        return size
+
+    def restarts(self) -> int:
+        """How often Ray restarted this actor (read once per incarnation from Ray's actor
+        table; 0 outside Ray)."""
+        if self._restarts is None:
+            self._restarts = 0
+            try:
+                if not ray.get_runtime_context().was_current_actor_reconstructed:
+                    return 0
+                from ray._private import state
+
+                info = state.actors(ray.get_runtime_context().get_actor_id())
+                self._restarts = int(info.get("NumRestarts", 0))
+            except Exception:  # outside Ray, or an actor table without the field
+                pass
+        return self._restarts
 
 
 PoolActor = ray.remote(ShardPool)

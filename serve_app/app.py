@@ -15,13 +15,14 @@ from ray import serve
 
 from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
-from serve_app import __version__, arrays, docs, errors
+from serve_app import __version__, arrays, docs, errors, metrics
 from serve_app.embedder import Embedder
 from serve_app.engine import Engine
 from serve_app.http import ApiKeyGate, configure_replica
 from serve_app.models import ErrorResponse
 from serve_app.routes import arrays as array_routes
 from serve_app.routes import health, indexes, vectors
+from serve_app.routes import metrics as metrics_routes
 from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.app")
@@ -44,6 +45,7 @@ def create_app() -> FastAPI:
         indexes.models_router,
         vectors.router,
         array_routes.router,
+        metrics_routes.router,
     )
     for router in routers:
         app.include_router(router, prefix="/v1")
@@ -55,7 +57,11 @@ def create_app() -> FastAPI:
         open_paths={"/v1/health", *docs.PATHS},
         open_prefixes=(docs.ASSETS + "/",),
         json_routes=json_routes(routers, "/v1"),
+        open_if={"/v1/metrics": "metrics_public"},
     )
+    # Outermost: every request is counted, those the gate refuses too.
+    paths = {"/v1" + r.path for router in routers for r in router.routes if isinstance(r, APIRoute)}
+    app.add_middleware(metrics.RequestMetrics, routes=paths | set(docs.PATHS))
     return app
 
 
@@ -117,6 +123,7 @@ class Gateway:
             ),
             embedder,  # DeploymentHandle of the Embedder (text -> vectors)
         )
+        metrics.start_reporting()  # this replica's series to Ray and the control plane
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
         # large batch is worth the cores.
         faiss.omp_set_num_threads(s.gateway_threads or os.cpu_count() or 1)
@@ -136,9 +143,10 @@ class Gateway:
         include: list[str] | None = None,
     ) -> dict[str, Any]:
         """Top-k of a (nq, d) float32 matrix, compact: see serve_app.arrays.handle_query."""
-        return await arrays.handle_query(
-            index_name, index_key, queries, top_k, n_probes, filters, greedy, include
-        )
+        async with metrics.track("ray:query_arrays"):
+            return await arrays.handle_query(
+                index_name, index_key, queries, top_k, n_probes, filters, greedy, include
+            )
 
     async def upsert_arrays(
         self,
@@ -150,7 +158,10 @@ class Gateway:
         contents: list[str | None] | None = None,
     ) -> int:
         """Upsert rows of a (n, d) float32 matrix under ``ids``; returns the count."""
-        return await arrays.handle_upsert(index_name, index_key, ids, vectors, metadata, contents)
+        async with metrics.track("ray:upsert_arrays"):
+            return await arrays.handle_upsert(
+                index_name, index_key, ids, vectors, metadata, contents
+            )
 
 
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise

@@ -39,6 +39,7 @@ from actors.types import (
     UpsertBatch,
     shard_assignment,
 )
+from serve_app import metrics as stages
 from serve_app.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
@@ -316,6 +317,7 @@ class Engine:
         """Answer sampled queries exactly, with the scale each exact result needs, and record
         them (serve_app.probing); in the background, one at a time (RecallMonitor.pick samples
         nothing meanwhile)."""
+        stages.detach()  # not a stage of the request whose context this task copied
         self.monitor.busy = True
         try:
             cfg = cv.config
@@ -346,7 +348,9 @@ class Engine:
         cfg, k = cv.config, q.top_k
         n_lists = cfg.n_lists if cv.quantizer is not None else 1
         nprobe = max(1, min(nprobe, n_lists))
+        t = stages.now()
         lists, coarse = self.plan(cv, x, nprobe)
+        t = stages.lap("plan", t)
         p = probing or NO_PROBING
         req = SearchRequest(
             x,
@@ -367,7 +371,9 @@ class Engine:
         parts: list[SearchResult] = await self.fan_out(
             cv, [(s, lambda c: c.search(cv.key, packed)) for s in range(len(cv.shards))]
         )
+        t = stages.lap("search", t)
         hits = merge(parts, k, q.with_metadata)
+        stages.lap("merge", t)
         # A shard on another training version assigned lists itself (results stay right);
         # refresh the view so the next plans use the new quantizer.
         cv = await self.refresh_if_stale(cv, [p.version for p in parts])

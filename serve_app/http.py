@@ -144,8 +144,9 @@ class ApiKeyGate:
 
     Runs before any route, so a request with a missing or wrong X-API-Key is answered 401, and
     then a body that is not ``application/json`` 415, without the app reading a byte of the
-    body (DESIGN §3). ``open_paths`` (GET /v1/health, the docs) and paths under
-    ``open_prefixes`` pass unchecked. The content type is checked only for ``json_routes``
+    body (DESIGN §3). ``open_paths`` (GET /v1/health, the docs), paths under
+    ``open_prefixes`` and the paths of ``open_if`` whose setting (a Settings field name) is on
+    pass unchecked. The content type is checked only for ``json_routes``
     ((method, path) of the routes that read a JSON body): any other request goes on to the
     app's 404 or 405 (with Allow), whatever its body."""
 
@@ -155,11 +156,13 @@ class ApiKeyGate:
         open_paths: Collection[str] = (),
         open_prefixes: tuple[str, ...] = (),
         json_routes: Collection[tuple[str, str]] = (),
+        open_if: dict[str, str] | None = None,
     ) -> None:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.open_prefixes = open_prefixes
         self.json_routes = frozenset(json_routes)
+        self.open_if = dict(open_if or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.is_open(scope):
@@ -184,7 +187,10 @@ class ApiKeyGate:
 
     def is_open(self, scope: Scope) -> bool:
         path = self.path(scope)
-        return path in self.open_paths or path.startswith(self.open_prefixes)
+        if path in self.open_paths or path.startswith(self.open_prefixes):
+            return True
+        setting = self.open_if.get(path)
+        return setting is not None and bool(getattr(REPLICA.settings, setting, False))
 
     @staticmethod
     def path(scope: Scope) -> str:

@@ -20,6 +20,7 @@ from actors.strings import StringBlock
 from actors.types import UpsertBatch
 from serve_app import text
 from serve_app.engine import CachedView, Engine, Hits
+from serve_app.metrics import lap, now, started
 from serve_app.params import Fields, QueryParams, UpsertRows, distinct, unique_ids
 from serve_app.results import filled, results_json, shape_results
 from serve_app.vectors import check_dimension, check_norms, to_api_distance, to_index_space
@@ -35,16 +36,27 @@ async def query(engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarr
         dist = np.full(shape, np.inf, dtype=np.float32)
         meta = np.empty(shape, dtype=object) if params.fields.metadata else None
         return Hits(dist, StringBlock.empty(shape), meta, np.zeros(len(x), dtype=np.int64))
+    t = now()
     check_dimension(x, cfg.dimension, QUERY_FIELD)
     check_norms(x, QUERY_FIELD)
     x, _ = to_index_space(x, cfg.metric, QUERY_FIELD)
+    lap("parse", t)
     return await engine.search(cv, x, params.query)
+
+
+async def unlock(engine: Engine, name: str, key: str) -> CachedView:
+    """The index's view for a request's key; the time until now counts as the request's parse
+    stage (body, JSON, validation, parameters), the unlock as its own."""
+    t = lap("parse", started())
+    cv = await engine.view(name, key)
+    lap("unlock", t)
+    return cv
 
 
 # -- the JSON answer (/v1/vectors/query, /v1/vectors/query_binary) --------------------------
 async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
     """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
-    cv = await engine.view(params.index_name, params.index_key)
+    cv = await unlock(engine, params.index_name, params.index_key)
     return await json_answer(engine, cv, params, x, single)
 
 
@@ -52,7 +64,7 @@ async def query_text_json(
     engine: Engine, embedder: Any, params: QueryParams, query_text: str
 ) -> bytes:
     """The JSON answer to a text query, embedded with the index's model: one flat list."""
-    cv = await engine.view(params.index_name, params.index_key)
+    cv = await unlock(engine, params.index_name, params.index_key)
     model = text.index_model(cv.config, "query_contents")
     x = await text.embed_query(embedder, model, query_text)
     return await json_answer(engine, cv, params, x, True)
@@ -67,12 +79,19 @@ async def json_answer(
     fields = params.fields.on(cv.config)
     hits = await query(engine, cv, params, x)
     metric = cv.config.metric
+    t = now()
     if not (fields.vector or fields.contents):
-        return results_json(hits, metric, True, fields.metadata, single)
+        answer = results_json(hits, metric, True, fields.metadata, single)
+        lap("encode", t)
+        return answer
     results = shape_results(hits, metric, True, fields.metadata)
+    t = lap("encode", t)
     await attach_items(engine, cv, results, fields)
+    t = lap("fetch", t)
     body = {"results": results[0] if single else results}
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    answer = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    lap("encode", t)
+    return answer
 
 
 async def attach_items(
@@ -103,7 +122,7 @@ class ArrayHits:
 
 async def query_arrays(engine: Engine, params: QueryParams, x: np.ndarray) -> ArrayHits:
     """Top-k for the (nq, d) float32 matrix ``x`` (already finite and 2-D)."""
-    cv = await engine.view(params.index_name, params.index_key)
+    cv = await unlock(engine, params.index_name, params.index_key)
     hits = await query(engine, cv, params, x)
     fields = params.fields
     dist = to_api_distance(hits.distances, cv.config.metric) if fields.distance else None
@@ -136,7 +155,7 @@ def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
 async def upsert(engine: Engine, rows: UpsertRows, embedder: Any = None) -> int:
     """Store ``rows``; returns the number upserted. JSON items without a vector are embedded
     from their contents with the index's model (one call through ``embedder``)."""
-    cv = await engine.view(rows.index_name, rows.index_key)
+    cv = await unlock(engine, rows.index_name, rows.index_key)
     x = rows.vectors
     if not isinstance(x, np.ndarray):
         x = await text.item_vectors(embedder, cv.config, rows)
@@ -145,6 +164,7 @@ async def upsert(engine: Engine, rows: UpsertRows, embedder: Any = None) -> int:
 
 async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray) -> int:
     """Store ``rows`` with their vectors ``x`` (n, d)."""
+    t = now()
     ids = rows.ids
     unique_ids(ids, "items ids")
     cv = await fix_dimension(engine, cv, x.shape[1])
@@ -163,10 +183,12 @@ async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray)
             contents=tuple(rows.contents[i] for i in r),
         )
 
+    t = lap("parse", t)
     total = await engine.upsert_batches(cv, ids, batch)
     if total < 0:
         total, _ = await engine.count(cv)
     engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
+    lap("write", t)
     return len(ids)
 
 

@@ -103,6 +103,14 @@ class Settings(BaseSettings):
     max_metadata_depth: int = Field(32, ge=1, description="nesting levels of one item's metadata")
     max_contents_bytes: int = Field(1 << 20, ge=1, description="one item's contents, UTF-8")
     max_indexes: int = Field(ENGINE.max_indexes, ge=1, description="indexes the service holds")
+    metrics_public: bool = Field(
+        False, description="serve GET /v1/metrics without the API key (for a Prometheus scrape)"
+    )
+    metrics_index_labels: bool = Field(
+        False,
+        description="label per-index series of GET /v1/metrics with the index name; off, they "
+        "are summed over the indexes (names can be sensitive)",
+    )
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
+from serve_app.metrics import lap, now
 from serve_app.params import UpsertRows, unique_ids
 from serve_app.vectors import as_matrix, check_dimension
 
@@ -40,17 +41,23 @@ async def embed_query(embedder: Any, model: str, text: str) -> np.ndarray:
     """One query text -> (1, d) float32 (the Embedder coalesces concurrent calls)."""
     if not text.strip():
         raise InvalidRequest("query_contents is empty")
+    t = now()
     vec = await _handle(embedder).embed_query.remote(model, text)
+    lap("embed", t)
     return np.asarray(vec, dtype=np.float32).reshape(1, -1)
 
 
 async def item_vectors(embedder: Any, cfg: IndexConfig, rows: UpsertRows) -> np.ndarray:
     """The (n, d) float32 matrix of the JSON items ``rows``: items that carry a vector keep it;
-    the others are embedded from their contents, all in one model call."""
+    the others are embedded from their contents, all in one model call (the request's embed
+    stage; reading the given vectors is part of its parse stage)."""
+    t = now()
     ids, vectors, contents = rows.ids, rows.vectors, rows.contents
     text_rows = [i for i, v in enumerate(vectors) if v is None]
     if not text_rows:
-        return as_matrix(list(vectors), "items vectors")[0]
+        x = as_matrix(list(vectors), "items vectors")[0]
+        lap("parse", t)
+        return x
     if not cfg.embedding_model:
         raise InvalidRequest(
             f"item {ids[text_rows[0]]!r} has no vector and the index has no embedding model"
@@ -65,7 +72,9 @@ async def item_vectors(embedder: Any, cfg: IndexConfig, rows: UpsertRows) -> np.
         given, _ = as_matrix([vectors[i] for i in vec_rows], "items vectors")
         check_dimension(given, cfg.dimension, "items vectors")
     texts = [str(contents[i]) for i in text_rows]
+    t = lap("parse", t)
     emb = await _handle(embedder).embed_batch.remote(cfg.embedding_model, texts)
+    t = lap("embed", t)
     emb = np.asarray(emb, dtype=np.float32)
     if given is None:
         return emb
@@ -73,4 +82,5 @@ async def item_vectors(embedder: Any, cfg: IndexConfig, rows: UpsertRows) -> np.
     x = np.empty((len(ids), emb.shape[1]), dtype=np.float32)
     x[vec_rows] = given
     x[text_rows] = emb
+    lap("parse", t)
     return x

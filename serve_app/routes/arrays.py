@@ -18,7 +18,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from serve_app import arrays, service
+from serve_app import arrays, metrics, service
 from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import JSON, Route, engine_of, require_api_key, settings_of
 from serve_app.models import (
@@ -72,6 +72,7 @@ async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
     x = arrays.decode_matrix(body.query_vectors, body.shape, "query_vectors")
     params = QueryParams.of(body, settings_of(request), COMPACT_INCLUDE)
     hits = await service.query_arrays(engine_of(request), params, x)
+    t = metrics.now()
     ids, metadata = service.flat_results(hits)
     out = {
         "nq": len(hits.counts),
@@ -83,7 +84,9 @@ async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
         out["distances"] = arrays.encode_matrix(hits.distances)
     if metadata is not None:
         out["metadata"] = metadata
-    return JSON(out)
+    answer = JSON(out)
+    metrics.lap("encode", t)
+    return answer
 
 
 @router.post("/upsert_arrays", response_model=UpsertResponse)
