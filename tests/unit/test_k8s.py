@@ -16,6 +16,7 @@ import copy
 import functools
 import importlib
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -501,3 +502,102 @@ def test_dockerfile_copies_no_tests_benchmarks_or_data() -> None:
     ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert "*" in ignore, ".dockerignore should exclude everything not listed"
     assert not [p for p in ignore if re.match(r"!(tests|benchmarks|data)\b", p)]
+
+
+# -- metrics scraping -----------------------------------------------------------------------------
+
+METRICS_PORT = 8080
+MONITORING = K8S / "components" / "monitoring"
+# The fields of the Prometheus Operator's PodMonitor (monitoring.coreos.com/v1) that a spec here
+# may use, level by level: a misspelt field is an error here (the API server would prune it).
+PODMONITOR_FIELDS: dict[str, set[str]] = {
+    "": {"apiVersion", "kind", "metadata", "spec"},
+    "spec": {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel", "podTargetLabels"},
+    "endpoint": {
+        "port",
+        "path",
+        "interval",
+        "scrapeTimeout",
+        "scheme",
+        "relabelings",
+        "metricRelabelings",
+        "honorLabels",
+    },
+    "relabel": {"sourceLabels", "separator", "regex", "targetLabel", "replacement", "action"},
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_nodes_export_metrics_where_the_annotations_point(overlay: str) -> None:
+    cluster = rayservice(overlay)["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group, (name, template) in zip(groups, pod_templates(rayservice(overlay)).items()):
+        assert group["rayStartParams"]["metrics-export-port"] == str(METRICS_PORT), name
+        notes = template["metadata"]["annotations"]
+        assert notes["prometheus.io/scrape"] == "true", name
+        assert int(notes["prometheus.io/port"]) == METRICS_PORT, name
+        assert named_port(template["spec"]["containers"][0], "metrics") == METRICS_PORT, name
+
+
+@pytest.fixture(scope="module")
+def with_monitoring(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The dev overlay with the monitoring component added, as a user's overlay would."""
+    root = tmp_path_factory.mktemp("monitored")
+    (root / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "vaultvec",
+                # Relative: kustomize refuses absolute roots.
+                "resources": [os.path.relpath(K8S / "overlays" / "dev", root)],
+                "components": [os.path.relpath(MONITORING, root)],
+            }
+        )
+    )
+    cmd = kustomize_command(root)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.load_all(proc.stdout, Loader=Loader) if d]
+
+
+def unknown_fields(obj: dict[str, Any]) -> list[str]:
+    spec = obj["spec"]
+    bad = [f"/{k}" for k in set(obj) - PODMONITOR_FIELDS[""]]
+    bad += [f"spec/{k}" for k in set(spec) - PODMONITOR_FIELDS["spec"]]
+    for i, ep in enumerate(spec["podMetricsEndpoints"]):
+        bad += [f"endpoint {i}/{k}" for k in set(ep) - PODMONITOR_FIELDS["endpoint"]]
+        for rule in ep.get("relabelings", []) + ep.get("metricRelabelings", []):
+            bad += [f"endpoint {i} rule/{k}" for k in set(rule) - PODMONITOR_FIELDS["relabel"]]
+    return bad
+
+
+def test_podmonitor_scrapes_every_ray_pod_as_vaultvec_series(
+    with_monitoring: list[dict[str, Any]],
+) -> None:
+    (monitor,) = [o for o in with_monitoring if o["kind"] == "PodMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "vaultvec"
+    assert not unknown_fields(monitor), unknown_fields(monitor)
+    (service,) = [o for o in with_monitoring if o["kind"] == "RayService"]
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    for name, template in pod_templates(service).items():
+        assert wanted.items() <= template["metadata"]["labels"].items(), name
+        port = named_port(template["spec"]["containers"][0], endpoint["port"])
+        assert port == METRICS_PORT, name
+    (rule,) = endpoint["metricRelabelings"]
+    # Prometheus anchors the regex and expands $1 (Go's syntax; Python's \1 here).
+    rename = re.compile(rule["regex"])
+    assert rule["targetLabel"] == "__name__" and rule["sourceLabels"] == ["__name__"]
+    found = rename.fullmatch("ray_vaultvec_requests_total")
+    assert found and rule["replacement"].replace("$1", found.group(1)) == "vaultvec_requests_total"
+    assert rename.fullmatch("ray_serve_num_http_requests_total") is None  # Ray's own kept as is
+
+
+def test_podmonitor_field_check_rejects_a_misspelt_field(
+    with_monitoring: list[dict[str, Any]],
+) -> None:
+    (monitor,) = [o for o in copy.deepcopy(with_monitoring) if o["kind"] == "PodMonitor"]
+    monitor["spec"]["podMetricsEndpoints"][0]["metricRelabellings"] = []
+    assert unknown_fields(monitor) == ["endpoint 0/metricRelabellings"]
