@@ -113,17 +113,15 @@ class Gateway:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
         # A function, not the REPLICA object: Serve pickles this class by value, and the object
         # would be copied into it instead of shared with the routes.
-        configure_replica(
-            s,
-            Engine(
-                control_plane(s),
-                retries=s.shard_retries,
-                timeout_s=s.shard_timeout_s,
-                recall_sample_share=s.recall_sample_share,
-            ),
-            embedder,  # DeploymentHandle of the Embedder (text -> vectors)
+        engine = Engine(
+            control_plane(s),
+            retries=s.shard_retries,
+            timeout_s=s.shard_timeout_s,
+            recall_sample_share=s.recall_sample_share,
         )
-        metrics.start_reporting()  # this replica's series to Ray and the control plane
+        # DeploymentHandle of the Embedder (text -> vectors)
+        configure_replica(s, engine, embedder)
+        metrics.start_reporting(engine)  # this replica's series to Ray and the control plane
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
         # large batch is worth the cores.
         faiss.omp_set_num_threads(s.gateway_threads or os.cpu_count() or 1)

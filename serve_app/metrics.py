@@ -200,20 +200,18 @@ def replica_id() -> str:
 _REPORTING: set[bool] = set()  # non-empty once this process reports
 
 
-def start_reporting() -> None:
+def start_reporting(engine: Any) -> None:
     """Add the replica's recall collector, mirror its series to Ray and push them to the
     control plane every EXPORT_S (from the exporter's thread; fire and forget). Once per
-    process, after serve_app.http.configure_replica."""
-    from serve_app.http import REPLICA  # not at the top: http imports the engine, which this
-
-    if REPLICA.engine is None or _REPORTING:
+    process, with the replica's engine (serve_app.engine.Engine)."""
+    if _REPORTING:
         return
     _REPORTING.add(True)
-    REGISTRY.collector(lambda: recall_families(REPLICA.engine))
+    REGISTRY.collector(lambda: recall_families(engine))
     me = replica_id()
 
     def push(families: list[m.Family]) -> None:
-        REPLICA.engine.control.report_metrics.remote(me, families)
+        engine.control.report_metrics.remote(me, families)
 
     m.export_to_ray(REGISTRY, EXPORT_S, push)
 
