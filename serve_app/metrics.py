@@ -163,7 +163,7 @@ def recall_families(engine: Any) -> list[m.Family]:
     size: dict[str, float] = {}
     sampled: dict[str, float] = {}
     if engine is not None:
-        for index_id, state in list(engine.monitor._indexes.items()):
+        for index_id, state in engine.monitor.states():
             served = list(state.served)
             total[index_id], size[index_id] = sum(served), len(served)
             sampled[index_id] = state.sampled

@@ -126,6 +126,10 @@ class RecallMonitor:
         self._indexes.move_to_end(index_id)
         return state
 
+    def states(self) -> list[tuple[str, IndexProbing]]:
+        """Every index's state at this replica (a copy of the table: safe to iterate)."""
+        return list(self._indexes.items())
+
     def peek(self, index_id: str, version: int) -> IndexProbing | None:
         state = self._indexes.get(index_id)
         return state if state is not None and state.version == version else None
