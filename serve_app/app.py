@@ -16,7 +16,7 @@ from ray import serve
 from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from serve_app import __version__, arrays, docs, errors, metrics
-from serve_app.embedder import Embedder
+from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
 from serve_app.http import ApiKeyGate, configure_replica
 from serve_app.models import ErrorResponse
@@ -177,8 +177,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     settings = Settings(**(args or {}))
     as_json = settings.model_dump(mode="json")
     embedder = Embedder.options(  # type: ignore[attr-defined]
-        num_replicas=settings.embedder_replicas,
-        ray_actor_options={"num_cpus": settings.embedder_num_cpus},
+        **deployment_options(settings)
     ).bind(settings.model_dump(mode="json", exclude={"api_key"}))
     return Gateway.options(  # type: ignore[attr-defined]
         num_replicas=settings.gateway_replicas,

