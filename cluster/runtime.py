@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ray
@@ -60,7 +63,10 @@ def start(settings: Settings) -> str:
     """Start (or join) Ray, start Serve on host:port, deploy the app; returns the base URL."""
     if not ray.is_initialized():
         address = settings.ray_address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+        with contextlib.nullcontext() if settings.local_ray_monitors else without_monitors():
+            ray.init(
+                address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False
+            )
     serve.start(
         http_options={
             "host": settings.host,
@@ -76,6 +82,34 @@ def start(settings: Settings) -> str:
     url = f"http://{host}:{settings.port}"
     wait_healthy(url)
     return url
+
+
+@contextlib.contextmanager
+def without_monitors() -> Iterator[None]:
+    """While ``ray.init`` starts a local head node: without Ray's autoscaler monitor and log
+    monitor, two idle Python daemons (docs/performance.md, Footprint) that a local vaultvec
+    does not use. The monitor only reports to ``ray status`` and would add nodes from
+    an autoscaling config, which a local Ray has none of; the log monitor streams the workers'
+    logs to drivers, and the driver here asks for none (``log_to_driver=False``: they stay in
+    the session's log files). ``ray.init`` has no parameter for either, so the head's
+    parameters are set on their way to Ray's node (``RayParams.no_monitor`` and
+    ``include_log_monitor``, the flags of ``ray start``); joining a cluster is unaffected."""
+    from ray._private import node
+
+    original = node.Node.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        params = kwargs.get("ray_params", args[0] if args else None)
+        if kwargs.get("head") and params is not None:
+            params.no_monitor = True
+            params.include_log_monitor = False
+        original(self, *args, **kwargs)
+
+    node.Node.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        node.Node.__init__ = original  # type: ignore[method-assign]
 
 
 def wait_healthy(url: str, timeout_s: float = 120.0) -> None:

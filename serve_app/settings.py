@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     ray_address: str | None = None
+    local_ray_monitors: bool = Field(
+        False,
+        description="a local Ray started by `vaultvec serve` also runs Ray's autoscaler monitor "
+        "(for `ray status`) and log monitor, which vaultvec does not use",
+    )
 
     shards: int = Field(
         0,

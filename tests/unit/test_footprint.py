@@ -1,16 +1,20 @@
 """What a server holds before it is used: no torch until a model is needed, no Embedder replica
-until the first text request (benchmarks/footprint.py measures the memory)."""
+until the first text request, no Ray monitors on a local head (benchmarks/footprint.py measures
+the memory)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from ray.serve.config import AutoscalingConfig
 
+from cluster import runtime
 from serve_app.embedder import DEFAULT_MODEL, Embedder, builtin_models, deployment_options
 from serve_app.embedder import runtime_installed as embeddings_installed
 from serve_app.settings import Settings
@@ -86,3 +90,28 @@ def test_embedder_replica_bounds_come_from_settings():
     assert scaling.downscale_to_zero_delay_s == 60
     with pytest.raises(ValueError, match="embedder_min_replicas 2 > embedder_replicas 1"):
         Settings.model_validate({"embedder_min_replicas": 2})
+
+
+class FakeParams:
+    no_monitor = False
+    include_log_monitor: bool | None = None
+
+
+def test_local_head_starts_without_monitors(monkeypatch):
+    """``without_monitors`` sets the flags on a head node's parameters only, and puts Ray's
+    node back as it was afterwards."""
+    from ray._private import node
+
+    seen: list[tuple[bool, bool | None, bool]] = []
+
+    def record(self: Any, ray_params: FakeParams, head: bool = False, **kwargs: Any) -> None:
+        seen.append((ray_params.no_monitor, ray_params.include_log_monitor, head))
+
+    monkeypatch.setattr(node.Node, "__init__", record)
+    params = cast(Callable[[], Any], FakeParams)  # stands in for Ray's RayParams
+    with runtime.without_monitors():
+        node.Node(ray_params=params(), head=True, shutdown_at_exit=False)
+        node.Node(params(), head=False, connect_only=True)
+    node.Node(ray_params=params(), head=True)
+    assert seen == [(True, False, True), (False, None, False), (False, None, True)]
+    assert Settings.model_validate({}).local_ray_monitors is False
