@@ -187,7 +187,11 @@ def start(env_extra: dict[str, str]) -> Service:
             cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     service = Service(proc, f"http://127.0.0.1:{port}", api_key, ray_tmp, data_dir, log_path)
-    wait_healthy(service)
+    try:
+        wait_healthy(service)
+    except BaseException:
+        stop(service)
+        raise
     return service
 
 
@@ -206,17 +210,23 @@ def wait_healthy(service: Service, timeout_s: float = 180.0) -> None:
 
 
 def stop(service: Service) -> None:
-    """SIGTERM to the CLI (it takes Ray down), then end whatever of the session is left."""
-    service.proc.send_signal(signal.SIGTERM)
+    """SIGTERM to the CLI (it takes Ray down), then end whatever of the session is left and
+    remove its directories once no process of it can write there any more."""
+    if service.proc.poll() is None:
+        service.proc.send_signal(signal.SIGTERM)
     try:
         service.proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         service.proc.kill()
         service.proc.wait()
-    time.sleep(2)
-    for pid in service_pids(service.proc.pid, service.ray_tmp) - {service.proc.pid}:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (left := service_pids(service.proc.pid, service.ray_tmp) - {service.proc.pid}) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(2)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     shutil.rmtree(service.ray_tmp, ignore_errors=True)
     shutil.rmtree(service.data_dir, ignore_errors=True)
 
