@@ -9,13 +9,12 @@ import threading
 from typing import Any
 
 from actors.store import redact_url
+from cluster import fastpath
 from cluster.bulk.cli import add_commands
 from serve_app.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cluster import runtime
-
     overrides: dict[str, Any] = {
         k: v
         for k, v in {
@@ -36,7 +35,11 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    settings, generated = runtime.ensure_api_key(Settings(**overrides))
+    configured = Settings(**overrides)
+    fastpath.apply(configured.serve_fast_path)  # before anything imports ray.serve
+    from cluster import runtime  # imports ray.serve
+
+    settings, generated = runtime.ensure_api_key(configured)
     url = runtime.start(settings)
     # After start: ray.init installs its own SIGTERM handler, which would exit mid-flight.
     stop = threading.Event()

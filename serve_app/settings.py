@@ -33,6 +33,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     ray_address: str | None = None
+    serve_fast_path: bool = Field(
+        True,
+        description="`vaultvec serve` starts Serve with HAProxy ingress and its throughput mode "
+        "(cluster/fastpath.py); false = Serve's stock settings",
+    )
     local_ray_monitors: bool = Field(
         False,
         description="a local Ray started by `vaultvec serve` also runs Ray's autoscaler monitor "

@@ -6,7 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from cluster import fastpath
 from tests.pg_server import PostgresServer, find_bindir
+
+# Every Ray the tests start runs Serve as `vaultvec serve` does by default (its fast path):
+# Serve reads these variables at import, before any test module imports it.
+fastpath.apply()
 
 # -- PostgreSQL --------------------------------------------------------------------------------
 

@@ -55,7 +55,9 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
             rc.add_worker()
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        # All interfaces: HAProxy (Serve's fast path) reaches the gateway replicas of the other
+        # nodes through them, as in a real cluster (docs/deployment.md, section 7).
+        serve.start(proxy_location="HeadOnly", http_options={"host": "0.0.0.0", "port": port})
         args = {
             "storage": postgres_server.create_database("vaultvec_cluster"),
             "api_key": [API_KEY],

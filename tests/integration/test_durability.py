@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
+from cluster import fastpath
 from cluster.client import generate_key
 from tests.helpers import free_port
 
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 def start_server(storage: Path, ray_tmp: str, port: int) -> tuple[subprocess.Popen[str], list[str]]:
-    env = dict(os.environ, RAY_TMPDIR=ray_tmp, VAULTVEC_WAL_MAX_RECORDS="8")
+    env = dict(fastpath.without_ports(dict(os.environ)), RAY_TMPDIR=ray_tmp)
+    env["VAULTVEC_WAL_MAX_RECORDS"] = "8"
     env.pop("RAY_ADDRESS", None)
     env.pop("VAULTVEC_API_KEY", None)
     proc = subprocess.Popen(

@@ -1,0 +1,205 @@
+"""Single queries and many clients under Serve's stock settings and under vaultvec's default
+(Serve's fast path, cluster/fastpath.py), side by side in one run.
+
+Each mode runs in its own interpreter (Serve reads its switches at import): a private local Ray
++ Serve running vaultvec (benchmarks/common.py), one ``--n`` x 128 index (trained), the bare
+/floor app of bench_service.py on the same Serve, then:
+
+* single requests, sequential on one keep-alive connection, interleaved: GET /v1/health (no-op),
+  the query's body POSTed to /floor/body (same-body POST no-op), to /floor/hop (that plus one
+  no-op actor call per shard: the floor), and the real query -> p50/p99;
+* 1, 8 and 32 concurrent clients sending single queries, and 32 clients mixing reads and writes
+  (3 queries, 1 get, 1 upsert of 10 items in 5) -> requests/s and p50/p99.
+
+    flock /tmp/vaultvec-ray.lock .venv/bin/python benchmarks/serve_modes.py [--check]
+
+Bars (docs/performance.md): default single-query p50 <= 0.5x stock and <= 1.3x the floor
+under the default; 32-client QPS default >= 3x stock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import common
+import numpy as np
+import orjson
+
+from cluster import fastpath
+from cluster.client import generate_key
+from tests.helpers import clustered
+
+MODES = ("stock", "default")
+CLIENTS = (1, 8, 32)
+
+
+def pct(xs: list[float], p: float) -> float:
+    return float(np.percentile(xs, p)) * 1e3
+
+
+def sequential(calls: dict[str, Callable[[int], Any]], n: int) -> dict[str, list[float]]:
+    for i in range(20):  # warm-up
+        for call in calls.values():
+            call(i)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(n):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(i)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def concurrent(url: str, clients: int, seconds: float, work: Callable[[Any, int], None]) -> dict:
+    """``clients`` threads, each with its own connection, calling ``work`` for ``seconds``."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def run(c: int) -> None:
+        mine = []
+        with common.connect(url) as client:
+            i = c * 100_000
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                work(client, i)
+                mine.append(time.perf_counter() - t0)
+                i += 1
+        with lock:
+            lat.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"qps": len(lat) / seconds, "p50": pct(lat, 50), "p99": pct(lat, 99)}
+
+
+def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
+    """One mode, in this interpreter: the service, the floor, the measurements."""
+    if mode == "stock":
+        os.environ.update({name: "0" for name in fastpath.ENV})
+    fastpath.apply(mode == "default")
+    from bench_service import deploy_floor  # imports ray.serve: after the switches
+
+    x = clustered(n, 128, seed=1)
+    ids = [str(i) for i in range(n)]
+    with common.running_service() as svc, common.connect(svc.url) as client:
+        key = generate_key()
+        idx = client.create_index("modes", key, dimension=128)
+        common.upsert_batches(idx, x, ids, 10_000, "index")
+        common.train_and_wait(client, idx)
+        n_shards = len(idx.describe()["memory"]["partitions"])
+        deploy_floor(n_shards)
+        bodies = [common.query_body("modes", key, x[i] + 0.01, 10) for i in range(500)]
+        calls = {
+            "GET no-op": lambda i: common.health(client),
+            "same-body POST no-op": lambda i: common.post(client, "/floor/body", bodies[i % 500]),
+            "floor: POST + no-op per shard": lambda i: common.post(
+                client, "/floor/hop", bodies[i % 500]
+            ),
+            "query": lambda i: common.query(client, bodies[i % 500]),
+        }
+        single_times = sequential(calls, single)
+        singles = {k: {"p50": pct(v, 50), "p99": pct(v, 99)} for k, v in single_times.items()}
+
+        def read(c: Any, i: int) -> None:
+            common.query(c, bodies[i % 500])
+
+        def mixed(c: Any, i: int) -> None:
+            kind = i % 5
+            if kind < 3:
+                common.query(c, bodies[i % 500])
+            elif kind == 3:
+                common.post(
+                    c,
+                    "/v1/vectors/get",
+                    {"index_name": "modes", "index_key": key, "ids": [ids[i % n]]},
+                )
+            else:
+                rows = [(i * 10 + j) % n for j in range(10)]
+                items = [{"id": ids[r], "vector": x[r]} for r in rows]
+                common.post(
+                    c,
+                    "/v1/vectors/upsert",
+                    {"index_name": "modes", "index_key": key, "items": items},
+                )
+
+        loads = {f"{c} clients, queries": concurrent(svc.url, c, seconds, read) for c in CLIENTS}
+        loads["32 clients, mixed"] = concurrent(svc.url, 32, seconds, mixed)
+    return {"mode": mode, "shards": n_shards, "single": singles, "load": loads}
+
+
+def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", mode, "--n", str(args.n)]
+    cmd += ["--single", str(args.single), "--seconds", str(args.seconds)]
+    env = fastpath.without_ports(dict(os.environ))
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
+    if out.returncode or line is None:
+        raise RuntimeError(f"{mode} run failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return dict(json.loads(line))
+
+
+def report(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    stock, default = results["stock"], results["default"]
+    print(f"\nsingle requests, ms ({default['shards']} shards)")
+    print(f"  {'':<32}{'stock p50':>10}{'p99':>8}{'default p50':>13}{'p99':>8}{'ratio':>8}")
+    for name, s in stock["single"].items():
+        d = default["single"][name]
+        ratio = d["p50"] / s["p50"]
+        print(
+            f"  {name:<32}{s['p50']:>10.2f}{s['p99']:>8.2f}{d['p50']:>13.2f}{d['p99']:>8.2f}"
+            f"{ratio:>7.2f}x"
+        )
+    print("\nconcurrent clients: requests/s (p50 / p99 ms)")
+    print(f"  {'':<24}{'stock':>24}{'default':>24}{'ratio':>8}")
+    for name, s in stock["load"].items():
+        d = default["load"][name]
+        print(
+            f"  {name:<24}{s['qps']:>10,.0f} ({s['p50']:5.1f} /{s['p99']:6.1f})"
+            f"{d['qps']:>10,.0f} ({d['p50']:5.1f} /{d['p99']:6.1f}){d['qps'] / s['qps']:>7.2f}x"
+        )
+    q, fl = default["single"]["query"]["p50"], default["single"]["floor: POST + no-op per shard"]
+    bars = {
+        "single-query p50 default <= 0.5x stock": q <= 0.5 * stock["single"]["query"]["p50"],
+        "single-query p50 default <= 1.3x the floor": q <= 1.3 * fl["p50"],
+        "32-client QPS default >= 3x stock": default["load"]["32 clients, queries"]["qps"]
+        >= 3 * stock["load"]["32 clients, queries"]["qps"],
+    }
+    print(f"\nquery p50 / floor p50 under the default: {q / fl['p50']:.2f}x")
+    print("bars")
+    for label, met in bars.items():
+        print(f"  {'ok  ' if met else 'MISS'} {label}")
+    return bars
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=20_000, help="items in the index")
+    parser.add_argument("--single", type=int, default=400, help="sequential requests per kind")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per concurrent load")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a bar is missed")
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.n, args.single, args.seconds)))
+        return 0
+    common.print_environment(common.environment())
+    results = {mode: run_child(mode, args) for mode in MODES}
+    bars = report(results)
+    print(orjson.dumps(results).decode())
+    return 1 if args.check and not all(bars.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
