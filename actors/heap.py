@@ -51,6 +51,12 @@ ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
 }
 GATEWAY_ENV = ENV | {"MALLOC_TRIM_THRESHOLD_": str(GATEWAY_TRIM_THRESHOLD)}
+# Shard pool actors also turn off glibc's per-thread cache of freed blocks (tcache): Ray runs an
+# actor's calls on up to max_concurrency threads, and each thread's cache kept blocks that the
+# others could not reuse, so memory per live item crept up with every round of replacements
+# (10,000 items replaced 10 times from 16 threads: 1.13x the first round with the cache, 1.05x
+# without; from one thread 1.04x either way).
+SHARD_ENV = ENV | {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
 def _glibc(symbol: str) -> Any:

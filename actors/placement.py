@@ -191,7 +191,7 @@ class Pool:
             max_task_retries=3,
             max_concurrency=self.max_concurrency,
             scheduling_strategy=strategy,
-            runtime_env={"env_vars": heap.ENV},  # glibc reads them at process start
+            runtime_env={"env_vars": heap.SHARD_ENV},  # glibc reads them at process start
         ).remote(options)
 
     def stop(self) -> None:

@@ -50,7 +50,7 @@ def test_shards_return_their_heap_top_and_gateways_keep_theirs(
     }
     assert shards and gateways
     for env in shards.values():
-        assert {k: env.get(k) for k in heap.ENV} == heap.ENV
+        assert {k: env.get(k) for k in heap.SHARD_ENV} == heap.SHARD_ENV
     for env in gateways.values():
         assert {k: env.get(k) for k in heap.GATEWAY_ENV} == heap.GATEWAY_ENV
     assert heap.GATEWAY_ENV["MALLOC_TRIM_THRESHOLD_"] != heap.ENV["MALLOC_TRIM_THRESHOLD_"]
