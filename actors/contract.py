@@ -78,6 +78,12 @@ class ShardCalls(Protocol):
         batch_size: int,
     ) -> ShardStats: ...
 
+    def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None: ...
+
+    def commit_rotation(self, p: Partition, epoch: int) -> None: ...
+
+    def abort_rotation(self, p: Partition, epoch: int) -> None: ...
+
     def retire(self, index_id: str) -> None: ...
 
     def pool_stats(self) -> PoolStats: ...
@@ -177,3 +183,14 @@ class ShardClient:
         return self.handle.rebuild.remote(
             self.partition, key, version, template, nprobe_table, batch_size
         )
+
+    def begin_rotation(self, key: bytes, new_key: bytes, epoch: int) -> ObjectRef[None]:
+        """Key rotation (actors.rotation): the partition's state sealed under ``new_key`` into
+        key epoch ``epoch``, and every later write under both keys."""
+        return self.handle.begin_rotation.remote(self.partition, key, new_key, epoch)
+
+    def commit_rotation(self, epoch: int) -> ObjectRef[None]:
+        return self.handle.commit_rotation.remote(self.partition, epoch)
+
+    def abort_rotation(self, epoch: int) -> ObjectRef[None]:
+        return self.handle.abort_rotation.remote(self.partition, epoch)

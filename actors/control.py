@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,9 +24,10 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors import persistence
+from actors import persistence, rotation
 from actors.contract import ShardClient
-from actors.errors import IndexExists, IndexNotFound, InvalidRequest, VaultvecError
+from actors.crypto import fingerprint
+from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
 from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
 from actors.partition import centroids_of, deserialize, serialize
 from actors.placement import Pool, place
@@ -38,7 +40,7 @@ from actors.training import (
     sample_size,
     train_template,
 )
-from actors.types import IndexConfig, IndexMeta, Partition, PoolStats
+from actors.types import IndexConfig, IndexMeta, KeyRotation, Partition, PoolStats
 
 NAMESPACE = "vaultvec"
 CONTROL_NAME = "vaultvec-control"
@@ -107,6 +109,9 @@ class ControlPlane:
                     meta = persistence.read_meta(raw)
                     self._catalog[meta.name] = meta
                     self._load.update(meta.placement)
+        self._rotating: set[str] = set()  # names whose key rotation is under way
+        self._keys: dict[str, tuple[str, int, bytes]] = {}  # name -> (id, epoch, key digest)
+        self._recovery = self._recover_rotations()
 
     # -- catalog ----------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
@@ -164,15 +169,31 @@ class ControlPlane:
         self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
 
     def config(self, name: str, key: bytes) -> IndexConfig:
-        meta = self.lookup(name)
+        meta = self._check_key(name, key)
         with self._lock:
             cfg = self._configs.get(name)
             if cfg is None:
-                cfg = persistence.read_config(self.store, key, name, meta.index_id)
+                cfg = persistence.read_config(self.store, key, name, meta.index_id, meta.epoch)
                 if cfg is None:
                     raise IndexNotFound(f"index {name!r} not found")
                 self._configs[name] = cfg
+            if cfg.key_epoch != meta.epoch:  # the key was rotated since it was checked
+                raise Unauthorized("invalid index_key for this index")
             return cfg
+
+    def _check_key(self, name: str, key: bytes) -> IndexMeta:
+        """The index's entry, once ``key`` is known to be its current data key: it opens the
+        current key epoch's config (checked once per key and epoch). Gateways verify keys
+        first; this keeps a key a gateway verified against an entry it cached before a
+        rotation from reading or writing anything of the index."""
+        meta = self.lookup(name)
+        seen = (meta.index_id, meta.epoch, fingerprint(key))
+        if self._keys.get(name) == seen:
+            return meta
+        if persistence.opens_config(self.store, key, name, meta.index_id, meta.epoch) is False:
+            raise Unauthorized("invalid index_key for this index")
+        self._keys[name] = seen
+        return meta
 
     def view(self, name: str, key: bytes) -> IndexView:
         meta = self.lookup(name)
@@ -287,6 +308,8 @@ class ControlPlane:
         """Start (or join) training; with ``wait``, block until it ends or train_wait_s passes."""
         with self._lock:
             self.lookup(name)
+            if name in self._rotating:
+                raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
             future = self._training.get(name)
             if future is None:
                 future = Future()
@@ -311,7 +334,7 @@ class ControlPlane:
         due = (not cfg.is_trained and total >= o.auto_train_threshold) or (
             cfg.is_trained and total >= o.retrain_factor * max(cfg.trained_size, 1)
         )
-        if due and name not in self._training:
+        if due and name not in self._training and name not in self._rotating:
             self.train(name, key, TrainParams(), wait=False)
             return True
         return False
@@ -397,6 +420,105 @@ class ControlPlane:
             self._configs[name] = new_cfg
         persistence.prune_templates(self.store, new_cfg)
         return new_cfg
+
+    # -- key rotation (actors.rotation) ------------------------------------------------------
+    def rotate_key(
+        self, name: str, key: bytes, salt: bytes, verifier: bytes, new_key: bytes
+    ) -> None:
+        """Re-seal every stored blob of the index under ``new_key`` (derived with ``salt``;
+        ``verifier`` its verifier) while it serves; returns once the old key opens nothing."""
+        cfg = self.config(name, key)
+        if len(self.lookup(name).placement) != cfg.n_shards:  # stored before placement existed
+            self._partitions(self.lookup(name), cfg)
+        with self._lock:
+            if name in self._training or name in self._rotating:
+                raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
+            self._rotating.add(name)
+        settled = True
+        try:
+            meta = self.lookup(name)
+            parts = self._partition_set(meta)
+            rotation.rotate(self, parts, meta, key, KeyRotation(salt, verifier), new_key)
+        except rotation.Unsettled:
+            settled = False  # stays locked against rotation and training until a restart
+            raise
+        finally:
+            if settled:
+                with self._lock:
+                    self._rotating.discard(name)
+
+    def update_meta(self, meta: IndexMeta, change: Callable[[IndexMeta], IndexMeta]) -> IndexMeta:
+        with self._lock:
+            new = change(self._current(meta))
+            persistence.write_meta(self.store, new)
+            self._catalog[meta.name] = new
+            return new
+
+    def switch_key(
+        self, meta: IndexMeta, key: bytes, next_key: KeyRotation, new_key: bytes
+    ) -> IndexMeta:
+        with self._lock:  # also orders the config's copy with set_dimension
+            current = self._current(meta)
+            cfg = self._configs[meta.name]
+            epoch = current.epoch + 1
+            new_cfg = cfg.evolve(key_epoch=epoch)
+            persistence.reseal_templates(self.store, key, cfg, new_key, epoch)
+            persistence.write_config(self.store, new_key, new_cfg)
+            new = replace(
+                current,
+                salt=next_key.salt,
+                verifier=next_key.verifier,
+                epoch=epoch,
+                rotation=None,
+                retired_epoch=current.epoch,
+            )
+            try:
+                persistence.write_meta(self.store, new)  # the switch
+            except Exception:
+                if not rotation.landed(self.store, new):
+                    raise
+            self._catalog[meta.name] = new
+            self._configs[meta.name] = new_cfg
+            self._keys[meta.name] = (new.index_id, epoch, fingerprint(new_key))
+            return new
+
+    def _current(self, meta: IndexMeta) -> IndexMeta:
+        """The catalog's entry for ``meta``'s index (caller holds the lock)."""
+        current = self._catalog.get(meta.name)
+        if current is None or current.index_id != meta.index_id:
+            raise IndexNotFound(f"index {meta.name!r} was deleted")
+        return current
+
+    def _partition_set(self, meta: IndexMeta) -> rotation.Partitions:
+        handles = [self.pool.handle(a) for a in meta.placement]
+        clients = [
+            ShardClient(h, Partition(meta.name, meta.index_id, s)) for s, h in enumerate(handles)
+        ]
+        return rotation.RayPartitions(clients)
+
+    def _recover_rotations(self) -> threading.Thread | None:
+        """Settle, in the background, the rotations a stopped control plane left behind
+        (rotation.recover); those indexes refuse rotation and training until then."""
+        metas = [m for m in self._catalog.values() if m.rotation or m.retired_epoch >= 0]
+        if not metas:
+            return None
+        self._rotating.update(m.name for m in metas)
+
+        def run() -> None:
+            for meta in metas:
+                try:
+                    rotation.recover(self, self._partition_set(meta), meta)
+                except Exception:  # stays marked in the store: the next start tries again
+                    rotation.log.exception(
+                        "could not settle the key rotation of index id %s", meta.index_id
+                    )
+                finally:
+                    with self._lock:
+                        self._rotating.discard(meta.name)
+
+        thread = threading.Thread(target=run, name="vaultvec-rotation-recovery", daemon=True)
+        thread.start()
+        return thread
 
     def ping(self) -> bool:
         return True

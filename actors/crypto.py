@@ -129,6 +129,11 @@ def derive_keys(index_key: bytes, index_name: str, salt: bytes) -> IndexKeys:
     return _derived.get_or_create(cache_key, lambda: _derive(bytes(index_key), index_name, salt))
 
 
+def fingerprint(key: bytes) -> bytes:
+    """A digest that names a key in an in-memory cache without holding the key itself."""
+    return hashlib.sha256(bytes(key)).digest()
+
+
 def verify(keys: IndexKeys, stored_verifier: bytes) -> bool:
     """Constant-time check that ``keys`` match the verifier stored with the index."""
     return hmac.compare_digest(keys.verifier, bytes(stored_verifier))

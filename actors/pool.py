@@ -175,6 +175,16 @@ class ShardPool:
         faiss.omp_set_num_threads(self.options.threads)
         return self._shard(p).rebuild(key, version, template, nprobe_table, batch_size)
 
+    # -- key rotation (actors.rotation) ------------------------------------------------------
+    def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None:
+        self._shard(p).begin_rotation(key, new_key, epoch)
+
+    def commit_rotation(self, p: Partition, epoch: int) -> None:
+        self._shard(p).commit_rotation(epoch)
+
+    def abort_rotation(self, p: Partition, epoch: int) -> None:
+        self._shard(p).abort_rotation(epoch)
+
     def ping(self) -> str:
         """The node this actor runs on (the control plane spreads partitions by it)."""
         return node_id()

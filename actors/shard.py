@@ -27,10 +27,11 @@ import numpy as np
 
 from actors import codec, compaction, heap, persistence
 from actors.crypto import aad, open_sealed, seal
-from actors.errors import IndexRetired, InvalidRequest, Unauthorized
+from actors.errors import IndexRetired, InvalidRequest, Unauthorized, Unavailable
 from actors.filters import FilterNode
 from actors.items import ItemTable
 from actors.partition import MAX_NORM, PartitionIndex, serialize, too_large
+from actors.rotation import NextKey
 from actors.rwlock import RWLock
 from actors.store import Store, open_store
 from actors.strings import StringBlock
@@ -95,6 +96,11 @@ class Shard:
         self._wal_records = 0
         self._wal_bytes = 0
         self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
+        # Key rotation (actors.rotation): the key epoch loaded, the next one while rotating,
+        # and whether writes wait for a rotation this partition lost its place in.
+        self.epoch = 0
+        self._next: NextKey | None = None
+        self._blocked = False
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -104,8 +110,13 @@ class Shard:
     def _check_key(self, key: bytes) -> None:
         """A loaded partition answers only to the key that loaded it (the gateway verifies keys
         first; this keeps one index's key from ever reading another's partition)."""
-        if self._key is None or not hmac.compare_digest(key, self._key):
-            raise Unauthorized("invalid index_key for this index")
+        if self._key is not None and hmac.compare_digest(key, self._key):
+            return
+        if self._next is not None and hmac.compare_digest(key, self._next.key):
+            return  # the index switched to the next key; the commit is on its way
+        if self._blocked:
+            raise Unavailable("a key rotation of this index is under way; retry")
+        raise Unauthorized("invalid index_key for this index")
 
     def _ensure_loaded(self, key: bytes) -> None:
         self.last_used = time.monotonic()
@@ -116,18 +127,16 @@ class Shard:
             raise IndexRetired(f"index {self.name!r} (id {self.index_id}) was deleted")
         self._reset()
         self._key = key
-        snaps = persistence.generations(self.store, self.index_id, self.shard_no, "snap")
+        self._open_epoch(key)
+        ix, no, epoch = self.index_id, self.shard_no, self.epoch
+        snaps = persistence.generations(self.store, ix, no, "snap", epoch)
         if snaps:
             self.gen = snaps[-1]
-            self._restore(
-                self.store.get(persistence.snap_key(self.index_id, self.shard_no, self.gen))
-            )
-        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "wal"):
+            self._restore(self.store.get(persistence.snap_key(ix, no, self.gen, epoch)))
+        for gen in persistence.generations(self.store, ix, no, "wal", epoch):
             if gen < self.gen:
                 continue
-            for record in self.store.read_log(
-                persistence.wal_key(self.index_id, self.shard_no, gen)
-            ):
+            for record in self.store.read_log(persistence.wal_key(ix, no, gen, epoch)):
                 seq, frame = persistence.open_record(key, self.name, self.shard_no, gen, record)
                 if seq <= self.seq:
                     continue
@@ -177,7 +186,8 @@ class Shard:
             return False
         try:
             with self._lock.try_write() as free:
-                if not free or not self._loaded or self._pending is not None:
+                busy = self._pending is not None or self._next is not None
+                if not free or not self._loaded or busy:
                     return False
                 self._loaded = False
                 self._reset()
@@ -250,13 +260,19 @@ class Shard:
                     self.items = plan.apply(part)
 
     def _log(self, key: bytes, frame: bytes) -> None:
-        """Seal and durably append one WAL record (caller holds the lock)."""
+        """Seal and durably append one WAL record (caller holds the lock); while the key rotates,
+        under the next key first, then under the current one (actors.rotation)."""
+        self._gate_write()
         # The number is used up even if the append fails: a failure can be ambiguous (committed
         # but not confirmed), and a later record reusing the number would be skipped on replay.
         self.seq = seq = self.seq + 1
-        record = persistence.seal_record(key, self.name, self.shard_no, self.gen, seq, frame)
         try:
-            self.store.append(persistence.wal_key(self.index_id, self.shard_no, self.gen), record)
+            for sealing, epoch in self._sealing(key):
+                record = persistence.seal_record(
+                    sealing, self.name, self.shard_no, self.gen, seq, frame
+                )
+                wal = persistence.wal_key(self.index_id, self.shard_no, self.gen, epoch)
+                self.store.append(wal, record)
         except Exception:
             if self._pending is None:  # reload from the store: it, not memory, is the truth
                 self._loaded = False
@@ -361,15 +377,23 @@ class Shard:
         return codec.pack(meta, arrays)
 
     def _write_snapshot(self, key: bytes, frame: bytes, old_gen: int) -> None:
-        new_gen = old_gen + 1
-        blob = seal(key, frame, aad(self.name, "snapshot", self.shard_no, version=new_gen))
-        self.store.put(persistence.snap_key(self.index_id, self.shard_no, new_gen), blob)
-        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "snap"):
+        """The snapshot of generation ``old_gen + 1`` (caller holds the snapshot lock); while
+        the key rotates, under both keys."""
+        for sealing, epoch in self._sealing(key):
+            self._put_snapshot(sealing, epoch, frame, old_gen + 1)
+
+    def _put_snapshot(self, key: bytes, epoch: int, frame: bytes, new_gen: int) -> None:
+        """Seal ``frame`` as key epoch ``epoch``'s snapshot ``new_gen``, then drop the epoch's
+        older snapshots and WAL generations."""
+        ix, no = self.index_id, self.shard_no
+        blob = seal(key, frame, aad(self.name, "snapshot", no, version=new_gen))
+        self.store.put(persistence.snap_key(ix, no, new_gen, epoch), blob)
+        for gen in persistence.generations(self.store, ix, no, "snap", epoch):
             if gen < new_gen:
-                self.store.delete(persistence.snap_key(self.index_id, self.shard_no, gen))
-        for gen in persistence.generations(self.store, self.index_id, self.shard_no, "wal"):
+                self.store.delete(persistence.snap_key(ix, no, gen, epoch))
+        for gen in persistence.generations(self.store, ix, no, "wal", epoch):
             if gen < new_gen:
-                self.store.delete(persistence.wal_key(self.index_id, self.shard_no, gen))
+                self.store.delete(persistence.wal_key(ix, no, gen, epoch))
 
     # -- reads ------------------------------------------------------------------------------
     def search(self, key: bytes, req: SearchRequest) -> SearchResult:
@@ -522,6 +546,77 @@ class Shard:
         heap.trim()  # the replaced partition's lists were freed: return their pages
         self._wrote()  # and once more when quiet, for what was freed after this point
         return self.stats(key)
+
+    # -- key rotation (actors.rotation) ------------------------------------------------------
+    def _open_epoch(self, key: bytes) -> None:
+        """On load: the key epoch the catalog names current, ``key`` checked against its config
+        (it must open it), and whether writes wait (the index is rotating and this partition
+        had its snapshot under the next key: it was prepared, then reloaded, so it no longer
+        writes under both keys). A partition without a catalog entry (tests) stays at epoch 0."""
+        meta = persistence.load_meta(self.store, self.index_id)
+        if meta is None:
+            return
+        self.epoch = meta.epoch
+        if persistence.opens_config(self.store, key, self.name, self.index_id, meta.epoch) is False:
+            raise Unauthorized("invalid index_key for this index")
+        nxt = meta.epoch + 1
+        ix, no = self.index_id, self.shard_no
+        self._blocked = meta.rotation is not None and bool(
+            persistence.generations(self.store, ix, no, "snap", nxt)
+        )
+
+    def _sealing(self, key: bytes) -> list[tuple[bytes, int]]:
+        """(data key, key epoch) of every copy a write is sealed into: while the key rotates
+        the next one first, then the current one (whichever of the two the caller holds)."""
+        current = (self._key or key, self.epoch)
+        return [current] if self._next is None else [(self._next.key, self._next.epoch), current]
+
+    def _gate_write(self) -> None:
+        """Refuse a write while a rotation this partition lost its place in is under way
+        (caller holds the write lock). Once the catalog entry shows it ended: without a
+        switch, writes go on; with one, this state and its key are outdated."""
+        if not self._blocked:
+            return
+        meta = persistence.load_meta(self.store, self.index_id)
+        if meta is not None and meta.epoch != self.epoch:
+            self._loaded = False  # the next call loads the new epoch with its key
+            raise Unauthorized("invalid index_key for this index: the key was rotated")
+        if meta is not None and meta.rotation is not None:
+            raise Unavailable("a key rotation of this index is under way; retry")
+        self._blocked = False
+
+    def begin_rotation(self, key: bytes, new_key: bytes, epoch: int) -> None:
+        """Step 2 of a rotation to ``epoch``: the whole state as a snapshot under ``new_key``
+        into the next epoch, a new WAL generation, and every later record under both keys."""
+        with self._snapshot_lock:
+            with self._lock.write():
+                self._ensure_loaded(key)
+                if not hmac.compare_digest(key, self._key or b""):
+                    raise Unauthorized("invalid index_key for this index")
+                frame = self._capture()
+                self.gen += 1
+                self._wal_records = self._wal_bytes = 0
+                self._next, self._blocked = NextKey(new_key, epoch), False
+                gen = self.gen
+            self._put_snapshot(new_key, epoch, frame, gen)
+
+    def commit_rotation(self, epoch: int) -> None:
+        """Step 5, after the switch to ``epoch``: write under the next key only. A partition
+        loaded under an earlier key (it reloaded during the rotation) drops its state and
+        loads the new epoch on its next call."""
+        with self._snapshot_lock, self._lock.write():
+            nxt = self._next
+            if nxt is not None and nxt.epoch == epoch:
+                self._key, self.epoch, self._next, self._blocked = nxt.key, epoch, None, False
+            elif self._loaded and self.epoch < epoch:
+                self._loaded = False
+                self._reset()
+
+    def abort_rotation(self, epoch: int) -> None:
+        """The rotation to ``epoch`` ended without a switch: write under the current key only."""
+        with self._snapshot_lock, self._lock.write():
+            if self._next is not None and self._next.epoch == epoch:
+                self._next = None
 
     def retire(self) -> None:
         """Refuse every later call (the index is being deleted) and drop the loaded data.

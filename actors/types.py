@@ -44,6 +44,9 @@ class IndexConfig:
     # slack under a 10% filter) from calibration, ascending top_k; empty (an index trained
     # before it existed) = the fixed table.
     probe_table: tuple[tuple[int, int, float, float], ...] = ()
+    # The key epoch (IndexMeta.epoch) whose data key seals this config and the templates: it
+    # says where they are stored (actors.persistence.epoch_prefix).
+    key_epoch: int = 0
 
     @property
     def is_trained(self) -> bool:
@@ -99,6 +102,14 @@ def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) ->
 
 
 @dataclass(frozen=True)
+class KeyRotation:
+    """A key rotation under way (actors.rotation): the next key epoch's salt and verifier."""
+
+    salt: bytes
+    verifier: bytes
+
+
+@dataclass(frozen=True)
 class IndexMeta:
     """The plaintext catalog entry: enough to list an index, verify a key and find its
     partitions, nothing more."""
@@ -110,6 +121,11 @@ class IndexMeta:
     # Per shard number, the pool actor hosting that partition (actors.pool); chosen by the
     # control plane at creation, empty until then.
     placement: tuple[str, ...] = ()
+    # Key epoch: each key rotation moves the index to the next one; ``salt`` and ``verifier``
+    # are this epoch's, and its blobs live under actors.persistence.epoch_prefix.
+    epoch: int = 0
+    rotation: KeyRotation | None = None  # set while a rotation to epoch + 1 is under way
+    retired_epoch: int = -1  # >= 0: an earlier epoch whose blobs are still being deleted
 
 
 @dataclass(frozen=True)

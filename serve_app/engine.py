@@ -148,7 +148,8 @@ class Engine:
 
     # -- unlocking --------------------------------------------------------------------------
     async def keys(self, name: str, key_hex: str) -> tuple[IndexMeta, IndexKeys]:
-        """Verify ``key_hex`` against the index's stored verifier (constant time)."""
+        """Verify ``key_hex`` against the index's stored verifier (constant time), from the
+        cached entry, then from a fresh one (the key may have been rotated since)."""
         key = parse_index_key(key_hex)
         for fresh in (False, True):
             cached = None if fresh else self._metas.get(name)
@@ -159,6 +160,10 @@ class Engine:
             keys = derive_keys(key, name, meta.salt)
             if verify(keys, meta.verifier):
                 return meta, keys
+        if meta.rotation is not None and verify(
+            derive_keys(key, name, meta.rotation.salt), meta.rotation.verifier
+        ):  # the key the index is being rotated to: it opens the index once the rotation ends
+            raise Unavailable("the index's key is being rotated to this key; retry shortly")
         raise Unauthorized("invalid index_key for this index")
 
     async def view(self, name: str, key_hex: str) -> CachedView:

@@ -111,6 +111,13 @@ class TrainRequest(IndexRequest):
     max_memory: int | None = Field(None, ge=0, description="bytes of training sample; 0 = no limit")
 
 
+class RotateKeyRequest(IndexRequest):
+    new_index_key: IndexKey = Field(
+        description="the key to re-seal the index under, 64 hex characters (never stored): "
+        "once the rotation answers, only it opens the index"
+    )
+
+
 class Item(Model):
     id: str = Field(min_length=1, description="at most VAULTVEC_MAX_ID_LENGTH (1024) characters")
     vector: Vector | None = Field(

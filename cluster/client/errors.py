@@ -42,8 +42,15 @@ class IndexNotFoundError(VaultvecClientError):
     status_code = 404
 
 
-class IndexExistsError(VaultvecClientError):
+class ConflictError(VaultvecClientError):
+    """409: the request conflicts with the index's state: the name is taken
+    (IndexExistsError), or the index is training or rotating its key (retry once it is done)."""
+
     status_code = 409
+
+
+class IndexExistsError(ConflictError):
+    """409 on create: an index with this name exists."""
 
 
 class PayloadTooLargeError(VaultvecClientError):
@@ -86,11 +93,17 @@ BY_STATUS: dict[int, type[VaultvecClientError]] = {
 }
 
 
+# What the server's 409 says when the index is busy rather than its name taken.
+BUSY = "is training or rotating its key"
+
+
 def error_for(
     status: int, detail: str, errors: list[dict[str, Any]] | None = None
 ) -> VaultvecClientError:
     """The typed exception of an error answer."""
     cls = BY_STATUS.get(status, ServerError)
+    if cls is IndexExistsError and BUSY in detail:
+        cls = ConflictError
     return cls(detail or f"HTTP {status}", status_code=status, errors=errors)
 
 

@@ -12,6 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import cluster.client.calls as calls
 from cluster.client.calls import Call, Plan
+from cluster.client.errors import AuthenticationError
 from cluster.client.results import QueryResult
 
 T = TypeVar("T")
@@ -108,6 +109,17 @@ class _IndexPlans(Generic[R]):
     def _call(self, route: str, **fields: Any) -> Call:
         return Call(f"/v1/{route}", {**self._ref, **calls.drop_none(**fields)})
 
+    def _rotate(self, new_key: str) -> Call:
+        return self._call("indexes/rotate_key", new_index_key=new_key)
+
+    def _probe(self, key: str) -> Call:
+        """A call only ``key`` answers (whether the index's key is ``key`` now)."""
+        return Call("/v1/vectors/num_vectors", {"index_name": self.name, "index_key": key})
+
+    def _use_key(self, key: str) -> None:
+        self.key = key
+        self._ref = {"index_name": self.name, "index_key": key}
+
 
 class Index(_IndexPlans[Runner]):
     def upsert(
@@ -189,6 +201,25 @@ class Index(_IndexPlans[Runner]):
         """Delete the index and every stored byte of it."""
         self.client.call(self._call("indexes/delete"))
 
+    def rotate_key(self, new_key: str) -> None:
+        """Re-seal every stored byte of the index under ``new_key`` (64 hex characters) while
+        it serves; once this returns only ``new_key`` opens the index, and this handle uses
+        it. Safe to call again after a lost answer: a refused old key is taken as done when
+        the new one opens the index. Raises ConflictError while the index trains."""
+        try:
+            self.client.call(self._rotate(new_key))
+        except AuthenticationError:
+            if not self._opens(new_key):
+                raise
+        self._use_key(new_key)
+
+    def _opens(self, key: str) -> bool:
+        try:
+            self.client.call(self._probe(key))
+        except AuthenticationError:
+            return False
+        return True
+
 
 class AsyncIndex(_IndexPlans[AsyncRunner]):
     async def upsert(
@@ -257,3 +288,19 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
 
     async def drop(self) -> None:
         await self.client.call(self._call("indexes/delete"))
+
+    async def rotate_key(self, new_key: str) -> None:
+        """As ``Index.rotate_key``."""
+        try:
+            await self.client.call(self._rotate(new_key))
+        except AuthenticationError:
+            if not await self._opens(new_key):
+                raise
+        self._use_key(new_key)
+
+    async def _opens(self, key: str) -> bool:
+        try:
+            await self.client.call(self._probe(key))
+        except AuthenticationError:
+            return False
+        return True

@@ -1,4 +1,4 @@
-"""/v1/indexes/*: create, list, describe, delete, train, training-status."""
+"""/v1/indexes/*: create, list, describe, delete, train, training-status, rotate_key."""
 
 from __future__ import annotations
 
@@ -19,14 +19,20 @@ from serve_app.models import (
     CreateIndexRequest,
     DescribeResponse,
     EmbeddingModelsResponse,
+    ErrorResponse,
     IndexConfigIn,
     IndexRequest,
     ListIndexesResponse,
+    RotateKeyRequest,
     StatusResponse,
     TrainingStatusResponse,
     TrainRequest,
 )
 from serve_app.probing import IndexProbing
+
+BUSY: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "The index is training or rotating its key"}
+}
 
 router = APIRouter(
     prefix="/indexes", route_class=Route, dependencies=[Depends(require_api_key)], responses=ERRORS
@@ -196,7 +202,7 @@ async def delete_index(body: IndexRequest, request: Request) -> JSON:
     return JSON({"status": "success", "message": f"Index '{body.index_name}' deleted"})
 
 
-@router.post("/train", response_model=StatusResponse, responses=BODY_ERRORS)
+@router.post("/train", response_model=StatusResponse, responses={**BODY_ERRORS, **BUSY})
 async def train_index(body: TrainRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
@@ -211,6 +217,26 @@ async def train_index(body: TrainRequest, request: Request) -> JSON:
     engine.forget(body.index_name)
     message = "Index trained" if status == "success" else "Training continues in the background"
     return JSON({"status": status, "message": message})
+
+
+@router.post("/rotate_key", response_model=StatusResponse, responses={**BODY_ERRORS, **BUSY})
+async def rotate_key(body: RotateKeyRequest, request: Request) -> JSON:
+    """Re-seal every stored blob of the index under new_index_key while it keeps serving;
+    once this answers, only the new key opens the index."""
+    engine = engine_of(request)
+    new_key = parse_index_key(body.new_index_key)
+    if new_key == parse_index_key(body.index_key):
+        raise InvalidRequest("new_index_key must differ from index_key")
+    _, keys = await engine.keys(body.index_name, body.index_key)
+    salt = new_salt()
+    new = derive_keys(new_key, body.index_name, salt)
+    await engine.call(
+        engine.control.rotate_key.remote(
+            body.index_name, keys.data_key, salt, new.verifier, new.data_key
+        )
+    )
+    engine.forget(body.index_name)
+    return JSON({"status": "success", "message": f"Index '{body.index_name}' key rotated"})
 
 
 @router.get("/training-status", response_model=TrainingStatusResponse)

@@ -224,6 +224,8 @@ def test_api_conforms_to_its_schema(
     if case.path == "/v1/indexes/create":  # keep the cluster small: drop what was created
         created = {k: case.body[k] for k in ("index_name", "index_key")}
         ok(http.post("/v1/indexes/delete", json=created))
+    elif case.path == "/v1/indexes/rotate_key" and case.body.get("index_name") == fuzz_index.name:
+        fuzz_index.key = case.body["new_index_key"]  # the index answers to the new key now
     elif case.path == "/v1/indexes/delete" and case.body.get("index_name") == fuzz_index.name:
         create_index(http, name=fuzz_index.name, key=fuzz_index.key, dimension=DIMENSION)
         fuzz_index.upsert(ITEMS)

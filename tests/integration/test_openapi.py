@@ -15,6 +15,7 @@ ROUTES = {
     ("post", "/v1/indexes/describe"): ("IndexRequest", "DescribeResponse"),
     ("post", "/v1/indexes/delete"): ("IndexRequest", "StatusResponse"),
     ("post", "/v1/indexes/train"): ("TrainRequest", "StatusResponse"),
+    ("post", "/v1/indexes/rotate_key"): ("RotateKeyRequest", "StatusResponse"),
     ("get", "/v1/indexes/training-status"): (None, "TrainingStatusResponse"),
     ("post", "/v1/vectors/upsert"): ("UpsertRequest", "UpsertResponse"),
     ("post", "/v1/vectors/query"): ("QueryRequest", "QueryResponse"),
@@ -69,8 +70,11 @@ def test_route_models_are_documented(spec, method, path):
         "/v1/indexes/describe",
         "/v1/indexes/delete",
         "/v1/indexes/train",
+        "/v1/indexes/rotate_key",
     ):
         assert _ref(_json_schema(op["responses"]["404"])) == "ErrorResponse"
+    if path in ("/v1/indexes/train", "/v1/indexes/rotate_key"):  # training or rotating
+        assert _ref(_json_schema(op["responses"]["409"])) == "ErrorResponse"
 
 
 def test_request_bodies_claim_no_placeholder_example(spec):
