@@ -428,8 +428,9 @@ class ControlPlane:
         """Re-seal every stored blob of the index under ``new_key`` (derived with ``salt``;
         ``verifier`` its verifier) while it serves; returns once the old key opens nothing."""
         cfg = self.config(name, key)
-        if len(self.lookup(name).placement) != cfg.n_shards:  # stored before placement existed
-            self._partitions(self.lookup(name), cfg)
+        meta = self.lookup(name)
+        if len(meta.placement) != cfg.n_shards:  # stored before placement existed: place it
+            self._partitions(meta, cfg)
         with self._lock:
             if name in self._training or name in self._rotating:
                 raise rotation.Busy(f"index {name!r} {rotation.BUSY}")

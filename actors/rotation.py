@@ -192,7 +192,11 @@ class RayPartitions:
         self.clients = list(clients)
 
     def begin(self, key: bytes, new_key: bytes, epoch: int) -> None:
-        ray.get([c.begin_rotation(key, new_key, epoch) for c in self.clients])
+        refs = [c.begin_rotation(key, new_key, epoch) for c in self.clients]
+        # Every partition answers before one failure is raised: an abort sent meanwhile could
+        # run before a begin still under way and leave that partition writing under both keys.
+        ray.wait(refs, num_returns=len(refs))
+        ray.get(refs)
 
     def commit(self, epoch: int) -> None:
         self._each(lambda c: c.commit_rotation(epoch))

@@ -219,6 +219,14 @@ def acked_after_build() -> dict[str, int]:
     return acked
 
 
+def rotate_to(cp: ControlPlane, key: bytes, index_key: bytes = NEW_KEY) -> IndexKeys:
+    """Rotate the index from data key ``key`` to ``index_key``; returns the new keys."""
+    salt = new_salt()
+    new = derive_keys(index_key, NAME, salt)
+    cp.rotate_key(NAME, key, salt, new.verifier, new.data_key)
+    return new
+
+
 def writes_during(idx: Index, key: bytes) -> Callable[[int], None]:
     """Writes while partitions hold both keys: new items, a replaced one, a delete."""
 
@@ -238,9 +246,7 @@ def test_rotation_reseals_every_blob_and_a_reload_with_the_new_key_answers_the_s
     store = open_store(f"file://{tmp_path}")
     idx = Index(store, acked_after_build())
     cp = control(tmp_path, monkeypatch, LocalPartitions(idx, writes_during(idx, old.data_key)))
-    salt = new_salt()
-    new = derive_keys(NEW_KEY, NAME, salt)
-    cp.rotate_key(NAME, old.data_key, salt, new.verifier, new.data_key)
+    new = rotate_to(cp, old.data_key)
 
     idx.upsert(new.data_key, range(300, 310))  # after the switch, under the new key only
     with pytest.raises(Unauthorized):  # committed partitions answer only to the new key
@@ -313,9 +319,7 @@ def test_crash_before_any_store_write_leaves_exactly_one_key_and_every_acknowled
             idx.upsert(good.data_key, range(350, 360))
             assert len(idx.answers(good.data_key, template)[0][0]) == 4
             held = idx.items(good.data_key)
-            third_salt = new_salt()
-            third = derive_keys(bytes(32), NAME, third_salt)
-            cp.rotate_key(NAME, good.data_key, third_salt, third.verifier, third.data_key)
+            third = rotate_to(cp, good.data_key, bytes(32))
             assert Index(store).items(third.data_key) == held
     assert outcomes[0] == "old" and outcomes[-1] == "new"
     print(f"{total + 1} crash points: {outcomes.count('old')} old key, {outcomes.count('new')} new")
@@ -364,9 +368,7 @@ def test_a_partition_reloaded_mid_rotation_takes_the_new_key_after_the_switch(
             restarted.stats(old.data_key)
 
     cp = control(tmp_path, monkeypatch, LocalPartitions(idx, restart_partition_0))
-    salt = new_salt()
-    new = derive_keys(NEW_KEY, NAME, salt)
-    cp.rotate_key(NAME, old.data_key, salt, new.verifier, new.data_key)
+    new = rotate_to(cp, old.data_key)
     assert not idx.shards[0].loaded  # the commit dropped the state loaded under the old key
     with pytest.raises(Unauthorized):
         idx.shards[0].stats(old.data_key)
@@ -379,7 +381,6 @@ def test_training_and_rotation_exclude_each_other(
     old, _ = build(tmp_path)
     idx = Index(open_store(f"file://{tmp_path}"))
     cp = control(tmp_path, monkeypatch, LocalPartitions(idx))
-    new = derive_keys(NEW_KEY, NAME, new_salt())
     cp._rotating.add(NAME)
     with pytest.raises(rotation.Busy):
         cp.train(NAME, old.data_key, TrainParams(), wait=False)
@@ -387,7 +388,7 @@ def test_training_and_rotation_exclude_each_other(
     cp._rotating.clear()
     cp._training[NAME] = Future()
     with pytest.raises(rotation.Busy):
-        cp.rotate_key(NAME, old.data_key, new_salt(), new.verifier, new.data_key)
+        rotate_to(cp, old.data_key)
     assert cp.lookup(NAME).epoch == 0 and NAME not in cp._rotating
 
 
