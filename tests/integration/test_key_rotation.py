@@ -270,7 +270,11 @@ class Rotations:
         self.acked: set[int] = set()
         self.next_row = 0
         self.rotated: list[Any] = []  # the answer of the rotation under way
-        self.proc = serve(storage, self.ray_tmp, self.port)
+        try:
+            self.proc = serve(storage, self.ray_tmp, self.port)
+        except BaseException:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+            raise
         self.store = open_store(storage)  # to watch the rotation's progress
 
     def client(self) -> httpx.Client:
