@@ -63,7 +63,7 @@ def start_server(storage: Path, ray_tmp: str, port: int) -> tuple[subprocess.Pop
         if time.monotonic() > deadline:
             break
     proc.kill()
-    raise AssertionError("server did not start")
+    raise AssertionError("server did not start:\n" + "".join(lines[-40:]))
 
 
 def kill_tree(proc: subprocess.Popen[str], ray_tmp: str) -> None:
