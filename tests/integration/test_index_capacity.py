@@ -96,7 +96,9 @@ def test_index_count_is_capped_by_a_named_limit(service, tmp_path):
 def test_describe_shows_where_the_partitions_live_and_what_they_hold(service, http):
     idx = create_index(http, dimension=8)
     try:
-        items = [{"id": f"v{i}", "vector": [float(i)] * 8, "metadata": {"i": i}} for i in range(200)]
+        items = [
+            {"id": f"v{i}", "vector": [float(i)] * 8, "metadata": {"i": i}} for i in range(200)
+        ]
         assert http.post("/v1/vectors/upsert", json=idx.body(items=items)).status_code == 200
         memory = idx.describe()["memory"]
         parts = memory["partitions"]
