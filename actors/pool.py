@@ -28,7 +28,7 @@ import ray
 
 from actors import heap, persistence
 from actors import metrics as m
-from actors.contract import pack, unpack_request
+from actors.contract import ShardCalls, pack, unpack_request
 from actors.errors import IndexRetired
 from actors.filters import FilterNode
 from actors.shard import Shard
@@ -376,3 +376,8 @@ class PoolMetrics:
 
 
 PoolActor = ray.remote(ShardPool)
+
+
+def _contract(pool: ShardPool) -> ShardCalls:
+    """mypy checks here that ShardPool answers every call of the shard contract."""
+    return pool
