@@ -1,4 +1,6 @@
-"""Serve's fast path: the configuration `vaultvec serve` starts Ray Serve with by default.
+"""Serve's fast path: the configuration `vaultvec serve` starts Ray Serve with when
+VAULTVEC_SERVE_FAST_PATH is true (off by default: HAProxy runs as its own process and, when the
+service is killed rather than stopped, stays behind holding the port).
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: HAProxy takes the HTTP port on every node and sends each
   request straight to a gateway replica's own HTTP server, instead of Serve's Python proxy

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 
 from cluster import fastpath
+from serve_app.settings import Settings
 from tests.pg_server import PostgresServer, find_bindir
 
-# Every Ray the tests start runs Serve as `vaultvec serve` does by default (its fast path):
-# Serve reads these variables at import, before any test module imports it.
-fastpath.apply()
+# Every Ray the tests start runs Serve as `vaultvec serve` does by default (VAULTVEC_SERVE_FAST_PATH,
+# cluster/fastpath.py): Serve reads these variables at import, before any test module imports it.
+fastpath.apply(Settings(**{}).serve_fast_path)
 
 # -- PostgreSQL --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""`vaultvec serve` starts Serve on its fast path unless told otherwise (cluster/fastpath.py)."""
+"""Serve's fast path (cluster/fastpath.py): what `vaultvec serve` sets when it is on."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_the_fast_path_is_the_default(clean_env: pytest.MonkeyPatch) -> None:
+def test_applied_it_sets_every_switch(clean_env: pytest.MonkeyPatch) -> None:
     assert fastpath.apply() == fastpath.ENV
 
 
