@@ -288,7 +288,6 @@ class PoolMetrics:
         )
         self.registry.collector(self.collect)
         self._items: dict[tuple[str, int], int] = {}  # last known items per partition
-        self._sizes: dict[tuple[str, int], tuple[int, int, int]] = {}  # (gen, seq, bytes)
         self._restarts: int | None = None
         m.export_to_ray(self.registry)
 
@@ -317,14 +316,13 @@ class PoolMetrics:
         loaded_bytes = 0
         for slot in self._items.keys() - dict(hosted).keys():  # retired partitions
             self._items.pop(slot, None)
-            self._sizes.pop(slot, None)
         for slot, shard in hosted:
             index = slot[0]
             if shard.loaded:
                 self._items[slot] = len(shard.items)
-                wal[index] = wal.get(index, 0.0) + shard._wal_records
+                wal[index] = wal.get(index, 0.0) + shard.wal_records
                 loaded[index] = loaded.get(index, 0.0) + 1
-                loaded_bytes += self._resident(slot, shard)
+                loaded_bytes += shard.resident_bytes()
             items[index] = items.get(index, 0.0) + self._items.get(slot, 0)
         idx = ("index_id",)
         budget = pool.options.budget_bytes
@@ -346,17 +344,6 @@ class PoolMetrics:
             m.gauge("vaultvec_index_wal_records", WAL, idx, m.keyed(wal)),
             m.gauge("vaultvec_index_partitions_loaded", LOADED, idx, m.keyed(loaded)),
         ]
-
-    def _resident(self, slot: tuple[str, int], shard: Shard) -> int:
-        """Shard.resident_bytes, recomputed only after the partition changed (it passes over
-        every item's metadata and contents)."""
-        at = (shard.gen, shard.seq)
-        cached = self._sizes.get(slot)
-        if cached is not None and cached[:2] == at:
-            return cached[2]
-        size = shard.resident_bytes()
-        self._sizes[slot] = (*at, size)
-        return size
 
     def restarts(self) -> int:
         """How often Ray restarted this actor (read once per incarnation from Ray's actor

@@ -86,6 +86,7 @@ class Shard:
         self._reset()
 
     def _reset(self) -> None:
+        self._sized: tuple[tuple[int, int, int], int] | None = None  # resident_bytes' cache
         self._key: bytes | None = None
         self.items = ItemTable()
         self.partition: PartitionIndex | None = None
@@ -106,6 +107,11 @@ class Shard:
     @property
     def loaded(self) -> bool:
         return self._loaded
+
+    @property
+    def wal_records(self) -> int:
+        """WAL records written since the last snapshot."""
+        return self._wal_records
 
     def _check_key(self, key: bytes) -> None:
         """A loaded partition answers only to the key that loaded it (the gateway verifies keys
@@ -200,6 +206,11 @@ class Shard:
         metadata, contents and the table's fixed columns."""
         if not self._loaded:
             return 0
+        # A pass over every item's metadata and contents: computed again only once the
+        # partition changed (a write, a compaction or a training swap).
+        at = (self.seq, id(self.items), id(self.partition))
+        if self._sized is not None and self._sized[0] == at:
+            return self._sized[1]
         items = self.items
         n = items.next_label
         size = n * ROW_BYTES
@@ -207,6 +218,7 @@ class Shard:
             size += sum(map(len, filter(None, column.tolist())))
         if self.partition is not None:
             size += self.partition.ntotal * (self.partition.index.code_size + 8)
+        self._sized = (at, size)
         return size
 
     # -- writes -----------------------------------------------------------------------------

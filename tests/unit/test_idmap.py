@@ -35,6 +35,18 @@ def check(table: ItemTable, model: dict[str, int], probes: list[str]) -> None:
     assert sorted(table.all_ids()) == sorted(model)
 
 
+def apply(table: ItemTable, model: dict[str, int], op: str, ids: list[str]) -> None:
+    """One upsert or remove on the table and on the model dict, checking what it replaced or
+    removed."""
+    if op == "upsert":
+        labels, replaced = table.insert(ids, [None] * len(ids), [None] * len(ids), None)
+        assert sorted(replaced.tolist()) == sorted(model[i] for i in ids if i in model)
+        model.update(zip(ids, labels.tolist()))
+    else:
+        gone = table.remove(ids)
+        assert sorted(gone.tolist()) == sorted(model.pop(i) for i in ids if i in model)
+
+
 @settings(max_examples=150, deadline=None)
 @given(OPS, st.sampled_from([hash, lambda s: hash(s) % 3, lambda s: 7]))
 def test_matches_a_dict(ops: list[tuple[str, list[str]]], hash_fn: Callable[[str], int]) -> None:
@@ -45,13 +57,7 @@ def test_matches_a_dict(ops: list[tuple[str, list[str]]], hash_fn: Callable[[str
         model: dict[str, int] = {}
         seen: list[str] = []
         for op, ids in ops:
-            if op == "upsert":
-                labels, replaced = table.insert(ids, [None] * len(ids), [None] * len(ids), None)
-                assert sorted(replaced.tolist()) == sorted(model[i] for i in ids if i in model)
-                model.update(zip(ids, labels.tolist()))
-            else:
-                gone = table.remove(ids)
-                assert sorted(gone.tolist()) == sorted(model.pop(i) for i in ids if i in model)
+            apply(table, model, op, ids)
             seen += ids
             check(table, model, [*seen, "absent", "é"])
 
@@ -111,12 +117,6 @@ def test_a_relabelled_table_finds_every_id_under_its_new_label(
                 model = {i: int(new_of[label]) for i, label in model.items()}
                 assert sorted(model.values()) == list(range(len(model)))
                 check(table, model, [*seen, "absent"])
-            if op == "upsert":
-                labels, replaced = table.insert(ids, [None] * len(ids), [None] * len(ids), None)
-                assert sorted(replaced.tolist()) == sorted(model[i] for i in ids if i in model)
-                model.update(zip(ids, labels.tolist()))
-            else:
-                gone = table.remove(ids)
-                assert sorted(gone.tolist()) == sorted(model.pop(i) for i in ids if i in model)
+            apply(table, model, op, ids)
             seen += ids
             check(table, model, [*seen, "absent", "é"])

@@ -124,6 +124,8 @@ def test_resident_bytes_follow_the_loaded_items(tmp_path: Path) -> None:
     size = p.stats(part, KEY_A, True).resident_bytes
     assert x.nbytes <= size <= 3 * x.nbytes
     assert p.pool_stats().loaded_bytes == size
+    p.upsert(part, KEY_A, batch(x[:100], 1000))  # 100 more items: the estimate follows
+    assert p.stats(part, KEY_A, True).resident_bytes > size
 
 
 def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
