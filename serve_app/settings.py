@@ -34,9 +34,9 @@ class Settings(BaseSettings):
     port: int = 8000
     ray_address: str | None = None
     serve_fast_path: bool = Field(
-        False,
+        True,
         description="`vaultvec serve` starts Serve with HAProxy ingress and its throughput mode "
-        "(cluster/fastpath.py); off by default: a killed service leaves HAProxy holding the port",
+        "(cluster/fastpath.py); false keeps Serve's stock Python proxy",
     )
     local_ray_monitors: bool = Field(
         False,

@@ -1,8 +1,13 @@
-"""Serve's fast path (cluster/fastpath.py): what `vaultvec serve` sets when it is on."""
+"""Serve's fast path (cluster/fastpath.py): what `vaultvec serve` sets, and the guard that ties
+HAProxy's life to the proxy actor that starts it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +16,7 @@ from cluster import fastpath
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in (*fastpath.ENV, *fastpath.PORTS):
+    for name in (*fastpath.ENV, *fastpath.PORTS, fastpath.BINARY):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -36,3 +41,68 @@ def test_a_switch_set_in_the_environment_is_kept(clean_env: pytest.MonkeyPatch) 
 
 def test_turned_off_it_leaves_serve_stock(clean_env: pytest.MonkeyPatch) -> None:
     assert set(fastpath.apply(enabled=False).values()) == {"0"}
+
+
+def test_haproxy_runs_through_the_guard(clean_env: pytest.MonkeyPatch) -> None:
+    real = fastpath.haproxy_binary()
+    assert real is not None, "ray[serve] bundles HAProxy"
+    fastpath.apply()
+    path = os.environ[fastpath.BINARY]
+    assert path != real and os.access(path, os.X_OK) and repr(real) in Path(path).read_text()
+
+
+def test_an_explicit_haproxy_binary_is_kept(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv(fastpath.BINARY, "/opt/haproxy")
+    fastpath.apply()
+    assert os.environ[fastpath.BINARY] == "/opt/haproxy"
+
+
+def test_the_guard_becomes_the_program_with_its_arguments(tmp_path: Path) -> None:
+    guarded = fastpath.guard("/bin/sh", str(tmp_path / "bin"))
+    out = subprocess.run([guarded, "-c", 'echo "$0 $1"', "a", "b c"], capture_output=True)
+    assert out.stdout == b"a b c\n"
+
+
+def test_the_guarded_program_dies_with_its_parent(tmp_path: Path) -> None:
+    """What a killed `vaultvec serve` needs: HAProxy must not outlive the proxy actor that
+    started it, or it keeps the HTTP port and the restart cannot bind it."""
+    guarded = fastpath.guard("/bin/sleep", str(tmp_path / "bin"))
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"child = subprocess.Popen([{guarded!r}, '600'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the guard has become sleep
+    assert Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"/bin/sleep\x00600")
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_a_directory_others_can_write_is_not_used(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    guarded = fastpath.guard("/bin/sh", str(shared))
+    assert not guarded.startswith(str(shared))
+    assert os.stat(os.path.dirname(guarded)).st_mode & 0o077 == 0
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
