@@ -40,9 +40,17 @@ ENV = {
 }
 
 
-# HAProxy's stats and metrics listeners take fixed ports (8404, 9101) unless told otherwise, so
-# a second service on the same machine would fail to start: each gets free ones.
-PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+# Fixed ports unless told otherwise, so each service gets free ones: HAProxy's stats and metrics
+# listeners (8404, 9101: a second service on the machine failed to start), and the port of
+# Serve's Python proxy, which HAProxy keeps as a backup backend (8500, gRPC 9500). Proxies bind
+# that one with SO_REUSEPORT, so a second service shared it with the first, and while its own
+# gateway was not yet up its HAProxy's backup sent requests to the other service.
+PORTS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
 
 
 def apply(enabled: bool = True) -> dict[str, str]:
