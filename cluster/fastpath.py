@@ -8,6 +8,8 @@
   deployments, less per-request logging, the garbage collector frozen after start-up).
 - ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1``: what throughput mode turns off, kept on, so that
   a DeploymentHandle called from outside a replica (the bulk driver's Ray transport) works.
+- ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``: gRPC's maximum rather than 4 MiB, so that a
+  bulk batch over the Ray transport fits in one message.
 
 Measured against Serve's stock settings side by side in docs/performance.md (Serve fast path;
 `benchmarks/serve_modes.py`). Serve reads these variables when
@@ -37,6 +39,10 @@ ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
+    # Throughput mode's gRPC between deployments: a replica's server takes messages of up to
+    # 4 MiB unless told otherwise, and a bulk batch over the Ray transport is often larger
+    # (its rows are bounded by vaultvec's own limits, not by the transport). gRPC's maximum.
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
 }
 
 

@@ -269,6 +269,23 @@ def test_ray_transport_metadata(loaded: Any, ray_handle: Any, data: np.ndarray) 
     assert r.metadata is not None and r.metadata[2, 0] == {"row": N - 1}
 
 
+def test_ray_transport_takes_batches_over_4_mib(
+    loaded: Any, ray_handle: Any, data: np.ndarray
+) -> None:
+    """Serve's throughput mode (the default) sends handle calls over gRPC, whose servers take
+    messages of 4 MiB unless told otherwise: a bulk batch of vectors is often larger."""
+    rows = (5 << 20) // data[:N].itemsize // D + 1
+    queries = np.resize(data[:N], (rows, D))
+    assert queries.nbytes > 5 << 20
+
+    async def go() -> QueryResult:
+        t = bulk.RayTransport(ray_handle, loaded.name, loaded.key)
+        return await t.query(queries, bulk.QueryOptions(top_k=1))
+
+    r = asyncio.run(go())
+    assert r.ids[:, 0].tolist() == [str(i % N) for i in range(rows)]
+
+
 AWKWARD_IDS = ['say "hi"', "back\\slash", "tab\there", "é中😀", "nul\x00byte", "x" * 1024, "plain"]
 
 
