@@ -34,7 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # for tests.helpers
     sys.path.insert(0, str(REPO))
 
+from cluster import fastpath  # noqa: E402
+from serve_app.settings import Settings  # noqa: E402
 from tests.helpers import free_port, ray_tmpdir  # noqa: E402
+
+# The service a benchmark starts runs as `vaultvec serve` does: Serve's switches are read when
+# ray.serve is imported, before any script here imports it (serve_modes.py turns them off for
+# its stock runs the same way, before the import).
+fastpath.apply(Settings(**{}).serve_fast_path)
 
 API_KEY = "bench-" + secrets.token_hex(8)
 JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
@@ -79,6 +86,7 @@ CPU_ROLES = (
     ("ray::Shard", "shards"),
     ("Gateway", "gateway"),
     ("ray::ProxyActor", "Serve proxy"),
+    ("haproxy", "Serve proxy"),  # Serve's fast path: HAProxy in front of the gateway
     ("Embedder", "other"),
 )
 CPU_COLUMNS = ("this process", "gateway", "shards", "Serve proxy", "Ray daemons", "other")

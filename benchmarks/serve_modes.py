@@ -8,6 +8,10 @@ Each mode runs in its own interpreter (Serve reads its switches at import): a pr
 * single requests, sequential on one keep-alive connection, interleaved: GET /v1/health (no-op),
   the query's body POSTed to /floor/body (same-body POST no-op), to /floor/hop (that plus one
   no-op actor call per shard: the floor), and the real query -> p50/p99;
+* where a single query's time goes: the service's own stages (GET /v1/metrics, whose
+  ``vaultvec_request_stage_seconds`` the gateway records) over the sequential queries;
+* CPU per request by process (Linux /proc) for a query, a get and an upsert of 10, each
+  sent ``--single`` times in a row;
 * 1, 8 and 32 concurrent clients sending single queries, and 32 clients mixing reads and writes
   (3 queries, 1 get, 1 upsert of 10 items in 5) -> requests/s and p50/p99.
 
@@ -32,6 +36,7 @@ from typing import Any
 import common
 import numpy as np
 import orjson
+from common import CPU_COLUMNS, CpuMeter
 
 from cluster import fastpath
 from cluster.client import generate_key
@@ -39,6 +44,37 @@ from tests.helpers import clustered
 
 MODES = ("stock", "default")
 CLIENTS = (1, 8, 32)
+QUERY_ROUTE = 'route="/v1/vectors/query"'
+REPORT_S = 6.0  # gateway replicas push their series to the control plane every 5 s
+
+
+def query_seconds(client: Any) -> dict[str, float]:
+    """The service's seconds so far in each stage of the query route, and in all of it
+    ("request"), with the number of queries ("count")."""
+    r = client.http.get("/v1/metrics")
+    r.raise_for_status()
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if QUERY_ROUTE not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("vaultvec_request_stage_seconds_sum"):
+            out[name.split('stage="')[1].split('"')[0]] = float(value)
+        elif name.startswith("vaultvec_request_duration_seconds_sum"):
+            out["request"] = float(value)
+        elif name.startswith("vaultvec_request_duration_seconds_count"):
+            out["count"] = float(value)
+    return out
+
+
+def stage_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean milliseconds per query in each stage between two :func:`query_seconds`."""
+    n = after.get("count", 0.0) - before.get("count", 0.0)
+    if n <= 0:
+        return {}
+    return {
+        name: (after[name] - before.get(name, 0.0)) * 1e3 / n for name in after if name != "count"
+    }
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -87,7 +123,7 @@ def concurrent(url: str, clients: int, seconds: float, work: Callable[[Any, int]
 def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
     """One mode, in this interpreter: the service, the floor, the measurements."""
     if mode == "stock":
-        os.environ.update({name: "0" for name in fastpath.ENV})
+        os.environ.update({name: "0" for name, on in fastpath.ENV.items() if on == "1"})
     fastpath.apply(mode == "default")
     from bench_service import deploy_floor  # imports ray.serve: after the switches
 
@@ -109,8 +145,23 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
             ),
             "query": lambda i: common.query(client, bodies[i % 500]),
         }
+        time.sleep(REPORT_S)
+        before = query_seconds(client)
         single_times = sequential(calls, single)
+        time.sleep(REPORT_S)
+        stages = stage_ms(before, query_seconds(client))
         singles = {k: {"p50": pct(v, 50), "p99": pct(v, 99)} for k, v in single_times.items()}
+
+        def get(c: Any, i: int) -> None:
+            body = {"index_name": "modes", "index_key": key, "ids": [ids[i % n]]}
+            common.post(c, "/v1/vectors/get", body)
+
+        def upsert(c: Any, i: int) -> None:
+            rows = [(i * 10 + j) % n for j in range(10)]
+            items = [{"id": ids[r], "vector": x[r]} for r in rows]
+            common.post(
+                c, "/v1/vectors/upsert", {"index_name": "modes", "index_key": key, "items": items}
+            )
 
         def read(c: Any, i: int) -> None:
             common.query(c, bodies[i % 500])
@@ -118,25 +169,31 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
         def mixed(c: Any, i: int) -> None:
             kind = i % 5
             if kind < 3:
-                common.query(c, bodies[i % 500])
+                read(c, i)
             elif kind == 3:
-                common.post(
-                    c,
-                    "/v1/vectors/get",
-                    {"index_name": "modes", "index_key": key, "ids": [ids[i % n]]},
-                )
+                get(c, i)
             else:
-                rows = [(i * 10 + j) % n for j in range(10)]
-                items = [{"id": ids[r], "vector": x[r]} for r in rows]
-                common.post(
-                    c,
-                    "/v1/vectors/upsert",
-                    {"index_name": "modes", "index_key": key, "items": items},
-                )
+                upsert(c, i)
 
+        cpu = CpuMeter()
+        for kind, work in {"query": read, "get": get, "upsert of 10": upsert}.items():
+            with cpu.measure(kind):
+                for i in range(single):
+                    work(client, i)
+        per_request = {
+            kind: {role: ms * 1e3 / single for role, ms in cpu.median(kind).items()}
+            for kind in cpu.runs
+        }
         loads = {f"{c} clients, queries": concurrent(svc.url, c, seconds, read) for c in CLIENTS}
         loads["32 clients, mixed"] = concurrent(svc.url, 32, seconds, mixed)
-    return {"mode": mode, "shards": n_shards, "single": singles, "load": loads}
+    return {
+        "mode": mode,
+        "shards": n_shards,
+        "single": singles,
+        "stages": stages,
+        "cpu": per_request,
+        "load": loads,
+    }
 
 
 def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,6 +218,18 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
             f"  {name:<32}{s['p50']:>10.2f}{s['p99']:>8.2f}{d['p50']:>13.2f}{d['p99']:>8.2f}"
             f"{ratio:>7.2f}x"
         )
+    print("\nthe sequential queries' time in the service, by stage: mean ms per query")
+    names = list(dict.fromkeys([*stock["stages"], *default["stages"]]))
+    print(f"  {'':<12}" + "".join(f"{name:>9}" for name in names))
+    for mode in MODES:
+        row = results[mode]["stages"]
+        print(f"  {mode:<12}" + "".join(f"{row.get(name, 0.0):>9.2f}" for name in names))
+    print("\nCPU per request by process, ms (HAProxy counts as the proxy)")
+    print(f"  {'':<22}" + "".join(f"{c:>14}" for c in CPU_COLUMNS))
+    for mode in MODES:
+        for kind, roles in results[mode]["cpu"].items():
+            cells = "".join(f"{roles.get(c, 0.0):>14.2f}" for c in CPU_COLUMNS)
+            print(f"  {mode + ', ' + kind:<22}{cells}")
     print("\nconcurrent clients: requests/s (p50 / p99 ms)")
     print(f"  {'':<24}{'stock':>24}{'default':>24}{'ratio':>8}")
     for name, s in stock["load"].items():
