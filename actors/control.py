@@ -52,7 +52,7 @@ class EngineOptions:
     shard_num_cpus: float = 0.05
     shard_start_timeout_s: float = 60.0
     retire_timeout_s: float = 30.0
-    shard_threads: int = 1
+    shard_threads: int = 0  # 0 = the node's cores (for batches: actors.shard.BATCH_THREADS_MIN)
     shard_max_concurrency: int = 32
     wal_max_records: int = 256
     auto_train_threshold: int = 10_000
@@ -526,10 +526,11 @@ class ControlPlane:
 
 
 def default_shards() -> int:
-    """Shards for an index created without a count: one per live Ray node with CPUs, at least
-    two (so a single machine still exercises the sharded path and uses both its cores)."""
+    """Shards for an index created without a count: one per live Ray node with CPUs. Within a
+    node one partition serves a query with one actor call (each call costs more than searching
+    a small index: docs/performance.md) and a batch with every core (Shard.search)."""
     nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0))
-    return max(2, nodes)
+    return max(1, nodes)
 
 
 def new_index_id() -> str:

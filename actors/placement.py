@@ -73,7 +73,7 @@ class Pool:
         num_cpus: float = 0.05,
         max_concurrency: int = 32,
         wal_max_records: int = 256,
-        threads: int = 1,
+        threads: int = 0,
         start_timeout_s: float = 60.0,
     ) -> None:
         self.store_url = store_url

@@ -57,7 +57,7 @@ class PoolOptions:
     budget_bytes: int = 0  # 0 = no budget
     idle_ttl_s: float = 0.0  # 0 = never
     wal_max_records: int = 256
-    threads: int = 1
+    threads: int = 0  # 0 = the node's cores (actors.shard.node_cores)
 
 
 class ShardPool:
@@ -172,8 +172,9 @@ class ShardPool:
         batch_size: int,
     ) -> ShardStats:
         # Ray caps OMP threads at the actor's (fractional) CPUs; a rebuild's adds use its own.
-        faiss.omp_set_num_threads(self.options.threads)
-        return self._shard(p).rebuild(key, version, template, nprobe_table, batch_size)
+        shard = self._shard(p)
+        faiss.omp_set_num_threads(shard.threads)
+        return shard.rebuild(key, version, template, nprobe_table, batch_size)
 
     # -- key rotation (actors.rotation) ------------------------------------------------------
     def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import hmac
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -54,6 +55,14 @@ ROW_BYTES = 96
 # A shard tidies its memory once writes have paused this long (Shard._tidy_when_idle).
 TRIM_AFTER_WRITES_S = 1.0
 
+# Batches of at least this many queries search with the shard's threads, smaller ones with one.
+BATCH_THREADS_MIN = 32
+
+
+def node_cores() -> int:
+    """The cores this process may run on (Ray caps OpenMP at an actor's fractional CPUs)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 
 class Shard:
     """One partition (index, shard number); a pool actor (actors.pool) hosts many."""
@@ -75,7 +84,7 @@ class Shard:
         self.shard_no = shard_no
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
-        self.threads = max(1, threads)
+        self.threads = threads if threads > 0 else node_cores()
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False
@@ -411,9 +420,11 @@ class Shard:
     def search(self, key: bytes, req: SearchRequest) -> SearchResult:
         """Local top-k for a batch of queries, and how many live items match the filter."""
         # OpenMP's thread count is per calling thread, and Ray runs calls on a pool of threads.
-        faiss.omp_set_num_threads(self.threads)
+        # Small batches search on this thread alone: starting OpenMP's team costs more than
+        # their scan, and concurrent single queries already use the cores.
+        nq, k = len(req.queries), req.k
+        faiss.omp_set_num_threads(self.threads if nq >= BATCH_THREADS_MIN else 1)
         with self._reading(key):
-            nq, k = len(req.queries), req.k
             part = self.partition
             if part is None or part.ntotal == 0:
                 dist = np.full((nq, k), np.inf, dtype=np.float32)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--shards",
         type=int,
-        help="shards per new index (default: one per Ray node with CPUs, at least 2)",
+        help="shards per new index (default: one per Ray node with CPUs)",
     )
     serve.add_argument(
         "--api-key-file",

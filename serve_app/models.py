@@ -89,7 +89,7 @@ class CreateIndexRequest(IndexRequest):
         ge=1,
         le=256,
         description="vaultvec extension: shard actors for this index; null = the server's "
-        "default (VAULTVEC_SHARDS, or one per Ray node with CPUs, at least 2)",
+        "default (VAULTVEC_SHARDS, or one per Ray node with CPUs)",
     )
     # CyborgDB features vaultvec does not offer: refused with a 422 naming them when used.
     kms_name: str | None = Field(None, description="not supported: send index_key")

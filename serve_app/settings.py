@@ -48,7 +48,7 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=256,
-        description="shards per new index; 0 = one per Ray node with CPUs, at least 2",
+        description="shards per new index; 0 = one per Ray node with CPUs",
     )
     gateway_replicas: int = Field(1, ge=1)
     gateway_max_replicas_per_node: int = Field(
@@ -64,7 +64,12 @@ class Settings(BaseSettings):
     shard_num_cpus: float = Field(
         ENGINE.shard_num_cpus, ge=0, description="CPU reserved per shard pool actor"
     )
-    shard_threads: int = Field(ENGINE.shard_threads, ge=1, description="faiss threads per shard")
+    shard_threads: int = Field(
+        ENGINE.shard_threads,
+        ge=0,
+        description="faiss threads a shard searches a batch of 32 or more queries with (smaller "
+        "ones: 1); 0 = the node's cores",
+    )
     pool_size: int = Field(
         ENGINE.pool_size, ge=0, description="shard pool actors per node; 0 = one per CPU"
     )
