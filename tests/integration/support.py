@@ -129,10 +129,13 @@ def create_index(
     index_type: str | None = "ivfflat",
     dimension: int | None = None,
     metric: str | None = None,
+    n_shards: int | None = None,
     **config: Any,
 ) -> Index:
     idx = Index(client, name or unique_name(), key or generate_key())
     body: dict[str, Any] = idx.body()
+    if n_shards is not None:
+        body["n_shards"] = n_shards
     cfg = {"type": index_type, **config}
     if dimension is not None:
         cfg["dimension"] = dimension

@@ -94,7 +94,7 @@ def test_index_count_is_capped_by_a_named_limit(service, tmp_path):
 
 
 def test_describe_shows_where_the_partitions_live_and_what_they_hold(service, http):
-    idx = create_index(http, dimension=8)
+    idx = create_index(http, dimension=8, n_shards=2)
     try:
         items = [
             {"id": f"v{i}", "vector": [float(i)] * 8, "metadata": {"i": i}} for i in range(200)

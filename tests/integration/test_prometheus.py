@@ -47,7 +47,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def traffic(http: httpx.Client, service: Service) -> Iterator[tuple[Index, list[str]]]:
     """An index named and filled with distinctive strings, queried every way, trained once; a
     refused request with a distinctive wrong key and one to a distinctive unknown path."""
-    idx = create_index(http, name=NAME, key=generate_key(), dimension=DIM)
+    idx = create_index(http, name=NAME, key=generate_key(), dimension=DIM, n_shards=2)
     rng = np.random.default_rng(7)
     x = rng.normal(size=(N, DIM)).astype(np.float32)
     ids = [f"itemid-{MARK}-{i}" for i in range(N)]
