@@ -24,7 +24,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors import persistence, rotation
+from actors import heap, persistence, rotation
 from actors.contract import ShardClient
 from actors.crypto import fingerprint
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
@@ -366,6 +366,7 @@ class ControlPlane:
             with self._lock:
                 if self._training.get(name) is future:
                     del self._training[name]
+            heap.trim()  # the training sample and k-means' buffers were freed: return their pages
 
     def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
         # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.

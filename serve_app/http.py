@@ -13,8 +13,9 @@ from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from actors import heap
 from actors.errors import PayloadTooLarge
 from serve_app.engine import retry_stale
 from serve_app.errors import error_response
@@ -181,7 +182,7 @@ class ApiKeyGate:
         elif (scope["method"], self.path(scope)) in self.json_routes and not is_json(content_type):
             refusal = error_response(415, not_json_detail(content_type))
         else:
-            await self.app(scope, receive, send)
+            await tidied(self.app, scope, receive, send)
             return
         await refusal(scope, receive, send)  # sends the answer only: never calls receive()
 
@@ -199,6 +200,30 @@ class ApiKeyGate:
         if root and path.startswith(root):
             path = path[len(root) :]
         return path
+
+
+# The gateway keeps freed memory at the top of its heap while busy (actors.heap): once requests
+# have read this much (bodies of the size of the mmap threshold's blocks) and none is in
+# flight, it gives the free pages back (a 100k x 128 ingest left about 140 MB resident).
+IDLE_TRIM = heap.IdleTrim(16 << 20)
+
+
+async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """``app`` for the request, counting the body bytes it reads (:data:`IDLE_TRIM`)."""
+    read = 0
+
+    async def counted() -> Message:
+        nonlocal read
+        message = await receive()
+        read += len(message.get("body", b""))
+        return message
+
+    IDLE_TRIM.begin()
+    try:
+        await app(scope, counted, send)
+    finally:
+        if IDLE_TRIM.end(read):
+            asyncio.get_running_loop().run_in_executor(None, heap.trim)
 
 
 class _Replica:
