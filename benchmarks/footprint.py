@@ -62,6 +62,8 @@ KINDS = (
     ("autoscaler/_private/monitor.py", "ray: autoscaler monitor"),
     ("ray::ServeController", "serve: controller"),
     ("ray::ProxyActor", "serve: proxy"),
+    ("ray::HAProxyManager", "serve: HAProxy manager"),
+    ("bin/haproxy", "serve: HAProxy"),
     ("Gateway", "vaultvec: gateway"),
     ("Embedder", "vaultvec: embedder"),
     ("ray::ControlPlane", "vaultvec: control plane"),
