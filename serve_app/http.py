@@ -203,8 +203,9 @@ class ApiKeyGate:
 
 
 # The gateway keeps freed memory at the top of its heap while busy (actors.heap): once requests
-# have read this much (bodies of the size of the mmap threshold's blocks) and none is in
-# flight, it gives the free pages back (a 100k x 128 ingest left about 140 MB resident).
+# have read this much (the mmap threshold's worth of bodies) and none is in flight, it gives
+# the free pages back (an ingest's buffers: docs/performance.md, Footprint). Requests of the
+# Ray transport come in through a DeploymentHandle, not this ASGI path, and are not counted.
 IDLE_TRIM = heap.IdleTrim(16 << 20)
 
 
