@@ -69,8 +69,10 @@ def apply(enabled: bool = True) -> dict[str, str]:
         for name in PORTS:
             if name not in os.environ:
                 os.environ[name] = str(free_port())
-        if BINARY not in os.environ and (real := haproxy_binary()) is not None:
-            os.environ[BINARY] = guard(real)
+        # PR_SET_PDEATHSIG is Linux's (elsewhere HAProxy runs as Serve starts it)
+        if BINARY not in os.environ and sys.platform.startswith("linux"):
+            if (real := haproxy_binary()) is not None:
+                os.environ[BINARY] = guard(real)
     return {name: os.environ.get(name, "0") for name in ENV}
 
 
