@@ -26,6 +26,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors import heap, persistence, rotation
 from actors.contract import ShardClient
+from actors.cpus import node_cpus
 from actors.crypto import fingerprint
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
 from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
@@ -52,7 +53,7 @@ class EngineOptions:
     shard_num_cpus: float = 0.05
     shard_start_timeout_s: float = 60.0
     retire_timeout_s: float = 30.0
-    shard_threads: int = 0  # 0 = the node's cores (for batches: actors.shard.BATCH_THREADS_MIN)
+    shard_threads: int = 0  # 0 = the Ray node's CPUs (for batches: actors.shard.BATCH_THREADS_MIN)
     shard_max_concurrency: int = 32
     wal_max_records: int = 256
     auto_train_threshold: int = 10_000
@@ -370,7 +371,7 @@ class ControlPlane:
 
     def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
         # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.
-        faiss.omp_set_num_threads(self.options.train_threads or os.cpu_count() or 1)
+        faiss.omp_set_num_threads(self.options.train_threads or node_cpus())
         meta = self.lookup(name)
         cfg = self.config(name, key)
         shards = self._clients(meta, cfg)

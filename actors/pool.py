@@ -29,6 +29,7 @@ import ray
 from actors import heap, persistence
 from actors import metrics as m
 from actors.contract import ShardCalls, pack, unpack_request
+from actors.cpus import node_cpus
 from actors.errors import IndexRetired
 from actors.filters import FilterNode
 from actors.shard import Shard
@@ -57,7 +58,7 @@ class PoolOptions:
     budget_bytes: int = 0  # 0 = no budget
     idle_ttl_s: float = 0.0  # 0 = never
     wal_max_records: int = 256
-    threads: int = 0  # 0 = the node's cores (actors.shard.node_cores)
+    threads: int = 0  # 0 = the node's CPUs (actors.cpus.node_cpus)
 
 
 class ShardPool:
@@ -66,6 +67,7 @@ class ShardPool:
     def __init__(self, options: PoolOptions) -> None:
         heap.configure()  # one malloc arena, request buffers recycled (see actors.heap)
         self.options = options
+        self.threads = options.threads or node_cpus()  # for the shards' batches and rebuilds
         self.store: Store = open_store(options.store_url)
         self._lock = threading.Lock()
         self._hosted: dict[tuple[str, int], Shard] = {}
@@ -92,7 +94,7 @@ class ShardPool:
                     p.index_id,
                     p.shard_no,
                     wal_max_records=self.options.wal_max_records,
-                    threads=self.options.threads,
+                    threads=self.threads,
                 )
                 self._hosted[slot] = shard
         return shard

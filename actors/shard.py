@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import hmac
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ import faiss
 import numpy as np
 
 from actors import codec, compaction, heap, persistence
+from actors.cpus import node_cores
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest, Unauthorized, Unavailable
 from actors.filters import FilterNode
@@ -57,11 +57,6 @@ TRIM_AFTER_WRITES_S = 1.0
 
 # Batches of at least this many queries search with the shard's threads, smaller ones with one.
 BATCH_THREADS_MIN = 32
-
-
-def node_cores() -> int:
-    """The cores this process may run on (Ray caps OpenMP at an actor's fractional CPUs)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Shard:

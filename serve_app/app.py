@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +14,7 @@ from ray import serve
 
 from actors import heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
+from actors.cpus import node_cpus
 from serve_app import __version__, arrays, docs, errors, metrics
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
@@ -124,7 +124,7 @@ class Gateway:
         metrics.start_reporting(engine)  # this replica's series to Ray and the control plane
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
         # large batch is worth the cores.
-        faiss.omp_set_num_threads(s.gateway_threads or os.cpu_count() or 1)
+        faiss.omp_set_num_threads(s.gateway_threads or node_cpus())
 
     # -- the Ray transport: called through a DeploymentHandle by the bulk driver, no HTTP. ----
     # Callers joined the Ray cluster (token auth), i.e. are inside the trust boundary: the API

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 from ray import serve
 
+from actors.cpus import node_cpus
 from actors.errors import InternalError, InvalidRequest
 from serve_app.coalesce import Coalescer
 from serve_app.settings import Settings
@@ -96,7 +97,7 @@ class ModelRegistry:
         installed: bool | None = None,
     ) -> None:
         self.installed = runtime_installed() if installed is None else installed
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or node_cpus()
         self.batch_size = batch_size
         self.paths: dict[str, Path] = {}
         if self.installed:

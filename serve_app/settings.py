@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     # that may be mid-body before the body deadline cuts them off.
     gateway_max_ongoing_requests: int = Field(256, ge=1)
     gateway_threads: int = Field(
-        0, ge=0, description="faiss threads for the coarse quantizer; 0 = all cores"
+        0, ge=0, description="faiss threads for the coarse quantizer; 0 = the Ray node's CPUs"
     )
     shard_num_cpus: float = Field(
         ENGINE.shard_num_cpus, ge=0, description="CPU reserved per shard pool actor"
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
         ENGINE.shard_threads,
         ge=0,
         description="faiss threads a shard searches a batch of 32 or more queries with (smaller "
-        "ones: 1); 0 = the node's cores",
+        "ones: 1); 0 = the Ray node's CPUs",
     )
     pool_size: int = Field(
         ENGINE.pool_size, ge=0, description="shard pool actors per node; 0 = one per CPU"
@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     )
     control_num_cpus: float = 0.1
     train_threads: int = Field(
-        ENGINE.train_threads, ge=0, description="faiss threads for training; 0 = all cores"
+        ENGINE.train_threads,
+        ge=0,
+        description="faiss threads for training; 0 = the Ray node's CPUs",
     )
 
     auto_train_threshold: int = Field(ENGINE.auto_train_threshold, ge=1)
@@ -151,7 +153,9 @@ class Settings(BaseSettings):
         "embedder_min_replicas, freeing its model",
     )
     embedder_num_cpus: float = Field(0.5, ge=0, description="CPU reserved per Embedder replica")
-    embedder_threads: int = Field(0, ge=0, description="torch threads per Embedder; 0 = all cores")
+    embedder_threads: int = Field(
+        0, ge=0, description="torch threads per Embedder; 0 = the Ray node's CPUs"
+    )
     embedder_max_batch_size: int = Field(32, ge=1, description="text queries per model call")
     embedder_batch_wait_s: float = Field(
         0.002, ge=0, description="an idle model waits this long for more text queries"
