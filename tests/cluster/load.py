@@ -49,6 +49,7 @@ class Summary:
     statuses: dict[int, int]
     last_failure_s: float | None  # since the load started
     problems: list[str] = field(default_factory=list)
+    server_errors: list[str] = field(default_factory=list)  # what each 5xx answer said
 
 
 class MixedLoad:
@@ -70,6 +71,7 @@ class MixedLoad:
         self.new_acked: list[str] = []
         self.outcomes: list[Outcome] = []
         self.problems: list[str] = []
+        self.server_errors: list[str] = []
         self.writers, self.readers, self.timeout_s = writers, readers, timeout_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -116,6 +118,8 @@ class MixedLoad:
         ok = status == 200
         with self._lock:
             self.outcomes.append(Outcome(self.now(), ok, status, kind))
+            if status >= 500:
+                self.server_errors.append(f"{self.now():.2f}s {kind} {status}: {r.text[:300]}")
         return r.json() if ok else None
 
     def _problem(self, text: str) -> None:
@@ -176,6 +180,7 @@ class MixedLoad:
     def summary(self) -> Summary:
         with self._lock:
             outcomes, problems = list(self.outcomes), list(self.problems)
+            server_errors = list(self.server_errors)
         failures = [o for o in outcomes if not o.ok]
         return Summary(
             requests=len(outcomes),
@@ -185,6 +190,7 @@ class MixedLoad:
             statuses=dict(Counter(o.status for o in outcomes)),
             last_failure_s=max((o.t for o in failures), default=None),
             problems=problems,
+            server_errors=server_errors,
         )
 
     def lost(self, client: httpx.Client) -> list[str]:

@@ -74,6 +74,8 @@ def run_scenario(
         }
     )
     print(f"{fault}: {s} lost={len(lost)} recovery={recovery:.1f}s")
+    for said in s.server_errors:  # a 5xx while a fault is under way: what the service said
+        print(f"  {fault}: {said}")
     assert s.wrong_or_partial == 0, s.problems[:10]
     assert lost == [], f"{len(lost)} acknowledged items lost, e.g. {lost[:5]}"
     assert s.writes_acked > 0 and s.requests > 50
