@@ -89,6 +89,7 @@ class Pool:
         self._lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self._nodes: dict[str, str] = {}  # actor name -> node id
+        self._unstartable: set[str] = set()  # nodes whose actors did not start at the last check
         self._checked_at = -MEMBERSHIP_TTL_S
 
     def name(self, n: int) -> str:
@@ -109,8 +110,12 @@ class Pool:
         pool has no actor and none can start (no room for them)."""
         with self._lock:
             sizes = node_sizes(self.size_per_node)
-            joined = set(sizes) - set(self._nodes.values())
             fresh = time.monotonic() - self._checked_at < MEMBERSHIP_TTL_S
+            # A node whose actors could not start is tried again once the membership is stale,
+            # not on every call (each try waits up to start_timeout_s under the lock).
+            joined = (
+                set(sizes) - set(self._nodes.values()) - (self._unstartable if fresh else set())
+            )
             if self._nodes and fresh and not joined:
                 return dict(self._nodes)
             self._discover()
@@ -133,14 +138,15 @@ class Pool:
         """Start the actors each node lacks for its share. Actors that moved off a lost node
         count on the node they run on now, so survivors may hold more than their share."""
         have = Counter(self._nodes.values())
-        started: list[str] = []
+        started: dict[str, str] = {}  # actor name -> the node it was started for
         n = len(self._handles)
         for node, want in sizes.items():
             for _ in range(max(0, want - have[node])):
                 name = self.name(n)
                 n += 1
                 self._handles[name] = self._start(name, node)
-                started.append(name)
+                started[name] = node
+        self._unstartable = set()
         if not started:
             return
         try:
@@ -148,6 +154,7 @@ class Pool:
         except Unavailable:
             for name in started:
                 ray.kill(self._handles.pop(name))
+            self._unstartable = set(started.values())
             if not self._nodes:
                 raise
             log.warning(

@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 
 from actors import codec, compaction, heap, persistence
-from actors.cpus import node_cores
+from actors.cpus import node_cpus
 from actors.crypto import aad, open_sealed, seal
 from actors.errors import IndexRetired, InvalidRequest, Unauthorized, Unavailable
 from actors.filters import FilterNode
@@ -79,7 +79,7 @@ class Shard:
         self.shard_no = shard_no
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
-        self.threads = threads if threads > 0 else node_cores()
+        self.threads = threads if threads > 0 else node_cpus()
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
         self._loaded = False

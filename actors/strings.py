@@ -33,6 +33,12 @@ def gather_bytes(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.n
     return blob[idx]
 
 
+def owned(gathered: np.ndarray) -> np.ndarray:
+    """A result of :func:`gather_bytes` that a column may keep and grow: a gather is a fresh
+    array already, only the empty one is the shared :data:`EMPTY_BLOB`."""
+    return gathered if len(gathered) else np.empty(0, dtype=np.uint8)
+
+
 def _starts(lens: np.ndarray) -> np.ndarray:
     """Offsets of each string of a compact block (row-major), shaped like ``lens``."""
     n = np.maximum(lens, 0).astype(np.int64)
@@ -210,7 +216,7 @@ class StringColumn:
         arrays exactly that long."""
         block = self.get(np.asarray(labels, dtype=np.int64))
         out = StringColumn()
-        out.blob = block.blob.copy()  # its own buffer, not a gather shared with a result
+        out.blob = owned(block.blob)
         out.used = out.live = len(out.blob)
         out.start = block.starts()
         out.lens = block.lens
@@ -222,6 +228,6 @@ class StringColumn:
             return
         labels = np.flatnonzero(self.lens >= 0)
         block = self.get(labels)
-        self.blob = block.blob if len(block.blob) else np.empty(0, dtype=np.uint8)  # not shared
+        self.blob = owned(block.blob)
         self.used = len(self.blob)
         self.start[labels] = block.starts()

@@ -206,7 +206,7 @@ class ApiKeyGate:
 # have read this much (the mmap threshold's worth of bodies) and none is in flight, it gives
 # the free pages back (an ingest's buffers: docs/performance.md, Footprint). Requests of the
 # Ray transport come in through a DeploymentHandle, not this ASGI path, and are not counted.
-IDLE_TRIM = heap.IdleTrim(16 << 20)
+IDLE_TRIM = heap.IdleTrim(heap.MMAP_THRESHOLD)
 
 
 async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
