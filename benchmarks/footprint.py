@@ -43,6 +43,7 @@ import common  # noqa: F401  (puts the repository root on sys.path)
 import httpx
 import numpy as np
 
+from cluster import fastpath
 from cluster.client import Client, generate_key
 from tests.helpers import clustered, free_port
 
@@ -178,7 +179,10 @@ def start(env_extra: dict[str, str]) -> Service:
     api_key = secrets.token_urlsafe(24)
     port = free_port()
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "RAY_TMPDIR": ray_tmp, **env_extra}
+    # Not this process's Serve switches (benchmarks/common.py applies the default to it): the
+    # service applies its own, so that --env VAULTVEC_SERVE_FAST_PATH=false turns them off.
+    env = {**fastpath.without(dict(os.environ)), "PYTHONPATH": path, "RAY_TMPDIR": ray_tmp}
+    env.update(env_extra)
     env["VAULTVEC_API_KEY"] = api_key
     log_path = Path(data_dir) / "serve.log"
     # The `vaultvec` console script's code (cluster.cli:main), run from this checkout.

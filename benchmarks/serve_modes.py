@@ -34,13 +34,12 @@ from collections.abc import Callable
 from typing import Any
 
 import common
-import numpy as np
 import orjson
 from common import CPU_COLUMNS, CpuMeter
 
 from cluster import fastpath
 from cluster.client import generate_key
-from tests.helpers import clustered
+from tests.helpers import clustered, run_threads
 
 MODES = ("stock", "default")
 CLIENTS = (1, 8, 32)
@@ -78,7 +77,8 @@ def stage_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
 
 
 def pct(xs: list[float], p: float) -> float:
-    return float(np.percentile(xs, p)) * 1e3
+    """The ``p``th percentile of seconds ``xs``, in milliseconds."""
+    return common.pct(xs, p) * 1e3
 
 
 def sequential(calls: dict[str, Callable[[int], Any]], n: int) -> dict[str, list[float]]:
@@ -112,11 +112,7 @@ def concurrent(url: str, clients: int, seconds: float, work: Callable[[Any, int]
         with lock:
             lat.extend(mine)
 
-    threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(run, clients)
     return {"qps": len(lat) / seconds, "p50": pct(lat, 50), "p99": pct(lat, 99)}
 
 

@@ -81,6 +81,12 @@ def without_ports(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in PORTS}
 
 
+def without(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without anything :func:`apply` sets: for a `vaultvec serve` started from this
+    process, which applies its own setting (VAULTVEC_SERVE_FAST_PATH) from a clean slate."""
+    return {k: v for k, v in env.items() if k not in {*ENV, *PORTS, BINARY}}
+
+
 BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an explicit one is kept, unguarded
 
 # PR_SET_PDEATHSIG survives execv, so the guard sets it and becomes HAProxy: no process stays

@@ -106,3 +106,12 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_service_started_from_here_gets_none_of_its_settings(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    fastpath.apply()
+    env = fastpath.without(dict(os.environ))
+    assert not set(env) & {*fastpath.ENV, *fastpath.PORTS, fastpath.BINARY}
+    assert env["PATH"] == os.environ["PATH"]
