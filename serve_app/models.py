@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 IndexType = Literal["ivfflat", "ivf", "ivfpq"]
 # What create accepts: vaultvec's names plus CyborgDB's newer ones (serve_app.routes.indexes).
@@ -31,9 +38,37 @@ IndexKey = Annotated[
 ]
 Vector = list[float]
 Matrix = list[list[float]]
+
+
+def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
+    """One vector or a list of them, read by numpy when it can be, else validated by
+    ``strict`` (the field's own validation: JSON numbers only, no booleans or strings).
+
+    A batch of 1,000 queries of 128 dimensions holds 128,000 numbers: numpy reads the lists in
+    one pass, in about the time pydantic's check of them took alone, so the batch is not read
+    twice. numpy takes a JSON ``true`` for 1 and ``false`` for 0, so the entries it read as
+    exactly 0 or 1 are looked at one by one; anything else that numpy does not read as plain
+    numbers in one or two dimensions (strings, nulls, ragged or nested lists, integers beyond
+    64 bits), or a vector mostly of 0s and 1s, goes through ``strict``, whose errors name the
+    entry as for every other field."""
+    if isinstance(value, list) and value:
+        try:
+            arr = np.array(value)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is not None and arr.dtype.kind in "fi" and arr.ndim in (1, 2):
+            rows, cols = np.nonzero(np.atleast_2d((arr == 0) | (arr == 1)))
+            if len(rows) <= arr.size // 8:
+                listed = value if arr.ndim == 2 else [value]
+                pairs = zip(rows.tolist(), cols.tolist(), strict=True)
+                if not any(type(listed[r][c]) is bool for r, c in pairs):
+                    return arr
+    return strict(value)
+
+
 # One vector or a list of them; tried left to right, a matrix fails the first form at its first
 # element, so it is validated once.
-Vectors = Annotated[Vector | Matrix, Field(union_mode="left_to_right")]
+Vectors = Annotated[Vector | Matrix, Field(union_mode="left_to_right"), WrapValidator(read_vectors)]
 
 
 class Model(BaseModel):
