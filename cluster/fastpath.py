@@ -1,5 +1,5 @@
-"""Serve's fast path: the configuration `vaultvec serve` starts Ray Serve with (the default;
-``VAULTVEC_SERVE_FAST_PATH=false`` keeps Serve's stock proxy).
+"""Serve's fast path: the configuration `vaultvec serve` starts Ray and Ray Serve with (the
+default; ``VAULTVEC_SERVE_FAST_PATH=false`` keeps Serve's stock proxy and Ray's defaults).
 
 - ``RAY_SERVE_ENABLE_HA_PROXY=1``: HAProxy takes the HTTP port on every node and sends each
   request straight to a gateway replica's own HTTP server, instead of Serve's Python proxy
@@ -10,6 +10,8 @@
   a DeploymentHandle called from outside a replica (the bulk driver's Ray transport) works.
 - ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``: gRPC's maximum rather than 4 MiB, so that a
   bulk batch over the Ray transport fits in one message.
+- ``RAY_max_direct_call_object_size``: Ray passes a call's arguments and results of up to
+  1 MiB inside the call rather than through its object store (Ray's default: 100 KiB).
 
 Measured against Serve's stock settings side by side in docs/performance.md (Serve fast path;
 `benchmarks/serve_modes.py`). Serve reads these variables when
@@ -43,6 +45,11 @@ ENV = {
     # 4 MiB unless told otherwise, and a bulk batch over the Ray transport is often larger
     # (its rows are bounded by vaultvec's own limits, not by the transport). gRPC's maximum.
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
+    # Ray itself: a 1,000-query batch of 128 dimensions (0.6 MB) to its shard and its result
+    # back take ~2 ms less inside the call than through the object store. Not more than 1 MiB:
+    # with 8 MiB, a 100k-vector ingest in 5,000-item batches (2.6 MB each) left the shards
+    # 1,215 bytes per vector resident instead of 690 (docs/performance.md).
+    "RAY_max_direct_call_object_size": str(1 << 20),
 }
 
 

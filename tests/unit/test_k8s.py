@@ -31,6 +31,8 @@ import pytest
 import ray
 import yaml
 
+from cluster import fastpath
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 CRD_DIR = ROOT.parent / "shared" / "schemas" / "kuberay"
@@ -398,6 +400,17 @@ def test_ray_containers_get_settings_from_the_secret(overlay: str) -> None:
     for obj in objects:  # the in-cluster PostgreSQL, when included, gets its password Secret
         if obj["kind"] == "StatefulSet":
             assert "vaultvec-postgres" in secrets, f"{overlay}: no vaultvec-postgres Secret"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_containers_run_with_the_settings_vaultvec_serve_uses(overlay: str) -> None:
+    """Ray and Serve read these from every node's environment when they start; a KubeRay
+    cluster gets them from its pods, `vaultvec serve` from cluster.fastpath."""
+    for name, template in pod_templates(rayservice(overlay)).items():
+        (ray_container,) = template["spec"]["containers"][:1]
+        env = {e["name"]: e.get("value") for e in ray_container.get("env", [])}
+        for var, value in fastpath.ENV.items():
+            assert env.get(var) == value, f"{overlay} {name}: {var}={env.get(var)!r}, not {value!r}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
