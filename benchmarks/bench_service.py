@@ -346,6 +346,13 @@ def build_raw(data: Data, svc: Internals, args: argparse.Namespace, threads: int
 
 
 # -- measurements -------------------------------------------------------------------------
+# After a parallel search, OpenMP's worker threads spin for a while (GNU OpenMP's default wait:
+# about 7 ms of CPU here) in whichever process ran it, this one's raw faiss or the service's
+# shard. Each timed batch starts once they have gone idle, so that neither side is measured
+# while the other's threads still hold a core.
+QUIET_S = 0.02
+
+
 def measure_batches(
     client: Client,
     bodies: list[bytes],
@@ -371,18 +378,22 @@ def measure_batches(
     found_raw: Any = None
     for _ in range(repeats):
         for j, body in enumerate(bodies):
+            time.sleep(QUIET_S)
             with cpu.measure(CPU_SERVICE) if j == 0 else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 results = query(client, body)
                 svc_times[j].append(time.perf_counter() - t0)
             if j == 0:
                 found_svc = results
+        time.sleep(QUIET_S)
         with cpu.measure(CPU_RAW):
             t, (_, found_raw) = timed(index.search, q, k)
         raw_runs["raw"].append(t)
         faiss.omp_set_num_threads(1)
+        time.sleep(QUIET_S)
         raw_runs["raw1"].append(timed(index.search, q, k)[0])
         faiss.omp_set_num_threads(threads)
+        time.sleep(QUIET_S)
         t, (_, found_ordered) = timed(locality_search, index, q, k, rank)
         raw_runs["ordered"].append(t)
         assert (found_ordered == found_raw).all(), "locality order changed raw faiss's results"
