@@ -367,7 +367,7 @@ class ControlPlane:
             with self._lock:
                 if self._training.get(name) is future:
                     del self._training[name]
-            heap.trim()  # the training sample and k-means' buffers were freed: return their pages
+            heap.trim(collect=True)  # the training sample and k-means' buffers: their pages back
 
     def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
         # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.

@@ -12,7 +12,6 @@ recently used ones while the actor's resident memory is over its budget, are unl
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import threading
@@ -232,8 +231,7 @@ class ShardPool:
                 if not shard.loaded or not shard.unload():
                     continue
                 unloaded += 1
-                gc.collect()
-                heap.trim()
+                heap.trim(collect=True)
                 if rss_bytes() <= BUDGET_HEADROOM * budget:
                     break
         if unloaded:

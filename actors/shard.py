@@ -12,7 +12,6 @@ partitions of many indexes.
 
 from __future__ import annotations
 
-import gc
 import hmac
 import logging
 import threading
@@ -247,8 +246,7 @@ class Shard:
             time.sleep(wait)
         self._trim_pending = False
         self._lay_out_lists()
-        gc.collect()
-        heap.trim()
+        heap.trim(collect=True)
 
     def _lay_out_lists(self) -> None:
         """Relabel the live items densely once replaced and deleted items' rows pile up

@@ -18,7 +18,7 @@ from actors.cpus import node_cpus
 from serve_app import __version__, arrays, docs, errors, metrics
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
-from serve_app.http import ApiKeyGate, configure_replica
+from serve_app.http import ApiKeyGate, configure_replica, counted_call
 from serve_app.models import ErrorResponse
 from serve_app.routes import arrays as array_routes
 from serve_app.routes import health, indexes, vectors
@@ -141,10 +141,11 @@ class Gateway:
         include: list[str] | None = None,
     ) -> dict[str, Any]:
         """Top-k of a (nq, d) float32 matrix, compact: see serve_app.arrays.handle_query."""
-        async with metrics.track("ray:query_arrays"):
-            return await arrays.handle_query(
-                index_name, index_key, queries, top_k, n_probes, filters, greedy, include
-            )
+        with counted_call(getattr(queries, "nbytes", 0)):
+            async with metrics.track("ray:query_arrays"):
+                return await arrays.handle_query(
+                    index_name, index_key, queries, top_k, n_probes, filters, greedy, include
+                )
 
     async def upsert_arrays(
         self,
@@ -156,10 +157,11 @@ class Gateway:
         contents: list[str | None] | None = None,
     ) -> int:
         """Upsert rows of a (n, d) float32 matrix under ``ids``; returns the count."""
-        async with metrics.track("ray:upsert_arrays"):
-            return await arrays.handle_upsert(
-                index_name, index_key, ids, vectors, metadata, contents
-            )
+        with counted_call(getattr(vectors, "nbytes", 0)):
+            async with metrics.track("ray:upsert_arrays"):
+                return await arrays.handle_upsert(
+                    index_name, index_key, ids, vectors, metadata, contents
+                )
 
 
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise

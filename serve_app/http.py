@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import re
-from collections.abc import Callable, Collection, Coroutine
+import threading
+from collections.abc import Callable, Collection, Coroutine, Iterator
 from typing import Any
 
 import orjson
@@ -203,10 +205,37 @@ class ApiKeyGate:
 
 
 # The gateway keeps freed memory at the top of its heap while busy (actors.heap): once requests
-# have read this much (the mmap threshold's worth of bodies) and none is in flight, it gives
-# the free pages back (an ingest's buffers: docs/performance.md, Footprint). Requests of the
-# Ray transport come in through a DeploymentHandle, not this ASGI path, and are not counted.
-IDLE_TRIM = heap.IdleTrim(heap.MMAP_THRESHOLD)
+# have read a megabyte or more and none has begun for a second, it gives the free pages back
+# (an ingest's buffers: docs/performance.md, Footprint). The Ray transport's calls count too.
+IDLE_TRIM = heap.IdleTrim(1 << 20, quiet_s=1.0)
+
+
+def request_began() -> None:
+    IDLE_TRIM.begin()
+
+
+def request_ended(read_bytes: int) -> None:
+    """After :func:`request_began`, on the event loop: a trim is checked once quiet."""
+    mark = IDLE_TRIM.end(read_bytes)
+    if mark is not None:
+        asyncio.get_running_loop().call_later(IDLE_TRIM.quiet_s, _trim_if_due, mark)
+
+
+@contextlib.contextmanager
+def counted_call(read_bytes: int) -> Iterator[None]:
+    """A call of the Ray transport, whose arguments came to ``read_bytes``, counted like a
+    request (on the event loop)."""
+    request_began()
+    try:
+        yield
+    finally:
+        request_ended(read_bytes)
+
+
+def _trim_if_due(mark: int) -> None:
+    # A thread of its own: the loop's executor may be taken by calls that wait a long time.
+    if IDLE_TRIM.due(mark):
+        threading.Thread(target=heap.trim, args=(True,), name="vaultvec-trim", daemon=True).start()
 
 
 async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
@@ -219,12 +248,11 @@ async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
         read += len(message.get("body", b""))
         return message
 
-    IDLE_TRIM.begin()
+    request_began()
     try:
         await app(scope, counted, send)
     finally:
-        if IDLE_TRIM.end(read):
-            asyncio.get_running_loop().run_in_executor(None, heap.trim)
+        request_ended(read)
 
 
 class _Replica:

@@ -1,6 +1,6 @@
-"""The gateway gives its heap's free pages back once it goes idle after large requests
-(actors.heap.IdleTrim, serve_app.http.tidied): an ingest's buffers do not stay resident after
-it ends, and a steady load never waits for a trim."""
+"""The gateway gives its heap's free pages back once it goes quiet after large requests
+(actors.heap.IdleTrim, serve_app.http): an ingest's buffers do not stay resident after it ends,
+however its last requests fall, and a steady load never waits for a trim."""
 
 from __future__ import annotations
 
@@ -15,21 +15,35 @@ from serve_app import http
 MB = 1 << 20
 
 
-def test_trims_once_idle_after_enough_was_read() -> None:
-    idle = IdleTrim(10 * MB)
+def test_trims_once_quiet_after_enough_was_read() -> None:
+    idle = IdleTrim(10 * MB, quiet_s=1.0)
     idle.begin()
     idle.begin()
-    assert not idle.end(8 * MB)  # another request is still in flight
-    assert idle.end(4 * MB)  # the last one ends: 12 MB read since the last trim
+    assert idle.end(8 * MB) is None  # another request is still in flight
+    mark = idle.end(4 * MB)  # the last one ends: 12 MB read since the last trim
+    assert mark is not None
+    assert idle.due(mark)
+    assert not idle.due(mark)  # counted afresh after a trim
     idle.begin()
-    assert not idle.end(1 * MB)  # counted afresh after a trim
+    assert idle.end(1 * MB) is None
+
+
+def test_a_request_in_the_quiet_time_puts_the_trim_off_to_the_burst_end() -> None:
+    idle = IdleTrim(10 * MB, quiet_s=1.0)
+    marks = []
+    for _ in range(4):  # a burst of 4 MB requests: 12 MB read after the third
+        idle.begin()
+        marks.append(idle.end(4 * MB))
+    assert marks[:2] == [None, None]
+    assert marks[2] is not None and not idle.due(marks[2])  # the fourth had begun
+    assert marks[3] is not None and idle.due(marks[3])  # the burst's end: all 16 MB
 
 
 def test_small_requests_never_trim() -> None:
-    idle = IdleTrim(10 * MB)
+    idle = IdleTrim(10 * MB, quiet_s=1.0)
     for _ in range(9):
         idle.begin()
-        assert not idle.end(1 * MB)
+        assert idle.end(1 * MB) is None
 
 
 def body_reader(chunk: int, chunks: int) -> Any:
@@ -46,20 +60,19 @@ def body_reader(chunk: int, chunks: int) -> Any:
     return app, sent
 
 
-def test_the_gateway_trims_after_a_large_body_once_no_request_is_in_flight(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_gateway_trims_after_large_bodies_once_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     trims: list[int] = []
 
-    def trim() -> bool:
+    def trim(collect: bool = False) -> bool:
+        assert collect  # the garbage of finished requests first: it holds their buffers
         trims.append(1)
         return True
 
-    monkeypatch.setattr(http, "IDLE_TRIM", IdleTrim(16 * MB))
+    monkeypatch.setattr(http, "IDLE_TRIM", IdleTrim(4 * MB, quiet_s=0.2))
     monkeypatch.setattr(http.heap, "trim", trim)
 
-    async def run() -> None:
-        app, messages = body_reader(MB, 20)
+    async def request() -> Any:
+        app, messages = body_reader(MB, 3)  # 3 MB each: the threshold is crossed by the second
         queue = list(messages)
         answers: list[Any] = []
 
@@ -70,8 +83,21 @@ def test_the_gateway_trims_after_a_large_body_once_no_request_is_in_flight(
             answers.append(message)
 
         await http.tidied(app, {"type": "http"}, receive, send)
-        await asyncio.sleep(0.05)  # the trim runs in the loop's executor
-        assert answers[-1]["body"] == b"ok"
+        return answers[-1]["body"]
+
+    async def run() -> None:
+        assert await request() == b"ok"
+        assert await request() == b"ok"
+        await asyncio.sleep(0.1)
+        assert trims == []  # not quiet long enough yet
+        with http.counted_call(2 * MB):  # a call of the Ray transport
+            pass
+        await asyncio.sleep(0.15)
+        assert trims == []  # the call put it off
+        for _ in range(100):  # quiet now: the trim runs in the loop's executor
+            if trims:
+                break
+            await asyncio.sleep(0.02)
+        assert trims == [1]
 
     asyncio.run(run())
-    assert trims == [1]

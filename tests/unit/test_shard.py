@@ -224,7 +224,8 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
     trims: list[float] = []
     mine = {threading.current_thread().name}  # the load trims here, the tidy-ups on their own
 
-    def trim() -> bool:  # shards of earlier tests may still be tidying: count this one's only
+    def trim(collect: bool = False) -> bool:
+        # shards of earlier tests may still be tidying: count this one's only
         if threading.current_thread().name in mine:
             trims.append(time.monotonic())
         return True
