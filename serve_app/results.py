@@ -7,7 +7,7 @@ that costs a Python object per id, per distance and per entry; laid out here ins
 is one numpy gather over a source buffer that holds the literals, the ids' UTF-8 bytes, the
 distances as orjson formats them and the metadata's stored JSON. The bytes are identical to
 ``orjson.dumps({"results": shape_results(...)})``, which remains the path for ids that JSON
-would escape.
+would escape and for answers of a few results (a single query's), where it is the faster.
 """
 
 from __future__ import annotations
@@ -80,18 +80,35 @@ def shape_results(
     return out
 
 
+# Up to this many results the dicts are the cheaper way (the layout's numpy calls cost more
+# than they save: a single query's 10 results 72 -> 9 us, 10 queries' 99 -> 43 us; 100
+# queries' 332 us laid out against 463 us as dicts).
+FEW = 256
+
+
 def results_json(
     hits: Hits, metric: str, with_distance: bool, with_metadata: bool, single: bool
 ) -> bytes:
     """The response body ``{"results": ...}``: one list per query, or the only query's list
     when ``single``."""
+    if int(hits.counts.sum()) > FEW:
+        body = laid_out(hits, metric, with_distance, with_metadata, single)
+        if body is not None:
+            return body
+    results: Any = shape_results(hits, metric, with_distance, with_metadata)
+    return orjson.dumps({"results": results[0] if single else results})
+
+
+def laid_out(
+    hits: Hits, metric: str, with_distance: bool, with_metadata: bool, single: bool
+) -> bytes | None:
+    """:func:`results_json`'s body laid out by numpy; None when an id needs JSON's escapes."""
     counts = hits.counts.astype(np.int64)
     keep = filled(counts, hits.distances.shape[1])
     ids = hits.ids.select(keep)
-    meta = hits.metadata if with_metadata else None
     if not ids.json_safe():
-        results: Any = shape_results(hits, metric, with_distance, meta is not None)
-        return orjson.dumps({"results": results[0] if single else results})
+        return None
+    meta = hits.metadata if with_metadata else None
     dist = to_api_distance(hits.distances[keep], metric) if with_distance else None
     source, columns = _entry_columns(ids, dist, None if meta is None else meta[keep].tolist())
     starts, lens = _layout(counts, columns)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from actors.strings import StringBlock
 from serve_app.engine import Hits
-from serve_app.results import results_json, shape_results
+from serve_app.results import FEW, laid_out, results_json, shape_results
 
 # Ids with and without characters that JSON escapes (the latter take orjson's path).
 PLAIN_ID = st.text(alphabet=st.sampled_from("ab7-_:/ é中😀"), min_size=1, max_size=8)
@@ -57,8 +57,9 @@ def expected(h: Hits, metric: str, distance: bool, metadata: bool, single: bool)
 def test_layout_is_byte_identical_to_orjson(
     h: Hits, metric: str, distance: bool, metadata: bool
 ) -> None:
-    out = results_json(h, metric, distance, metadata, single=False)
+    out = laid_out(h, metric, distance, metadata, single=False)
     assert out == expected(h, metric, distance, metadata, single=False)
+    assert results_json(h, metric, distance, metadata, single=False) == out
     body = orjson.loads(out)["results"]
     assert [len(row) for row in body] == h.counts.tolist()
 
@@ -70,6 +71,7 @@ def test_ids_that_json_escapes_come_out_intact(
 ) -> None:
     out = results_json(h, metric, distance, metadata, single=False)
     assert out == expected(h, metric, distance, metadata, single=False)
+    assert laid_out(h, metric, distance, metadata, single=False) in (None, out)
     got = [[e["id"] for e in row] for row in orjson.loads(out)["results"]]
     want = h.ids.tolist()
     assert got == [want[q][:n] for q, n in enumerate(h.counts.tolist())]
@@ -83,6 +85,7 @@ def test_single_query_answers_one_flat_list(
     one = Hits(h.distances[:1], h.ids.take_rows(np.array([0])), h.metadata[:1], h.counts[:1])  # type: ignore[index]
     out = results_json(one, metric, distance, metadata, single=True)
     assert out == expected(one, metric, distance, metadata, single=True)
+    assert laid_out(one, metric, distance, metadata, single=True) == out
     assert isinstance(orjson.loads(out)["results"], list)
 
 
@@ -108,6 +111,7 @@ def test_distances_keep_every_bit_of_float32() -> None:
     d.sort(axis=1)
     ids = StringBlock.from_list([str(i) for i in range(500)], (50, 10))
     h = Hits(d, ids, None, np.full(50, 10))
+    assert d.size > FEW  # laid out by numpy
     body = orjson.loads(results_json(h, "squared_euclidean", True, False, single=False))
     got = np.array([[e["distance"] for e in row] for row in body["results"]], dtype=np.float32)
     assert (got == d).all()
