@@ -566,7 +566,7 @@ def profile_gateway(
     from actors.types import SearchRequest
     from serve_app.engine import merge
     from serve_app.models import QueryRequest
-    from serve_app.results import shape_results
+    from serve_app.results import results_json
     from serve_app.vectors import as_matrix
 
     engine, cv = gateway
@@ -582,28 +582,26 @@ def profile_gateway(
 
     t_fan, parts = median_timed(fan_out, req, reps=reps)
     t_merge, hits = median_timed(merge, parts, k, with_meta, reps=reps)
-    t_shape, results = median_timed(
-        shape_results, hits, cv.config.metric, "distance" in include, with_meta, reps=reps
+    t_render, out = median_timed(
+        results_json, hits, cv.config.metric, "distance" in include, with_meta, False, reps=reps
     )
-    t_render, out = median_timed(orjson.dumps, {"results": results}, JSON_OPTS, reps=reps)
     # faiss work alone: the same preassigned lists on the unsharded raw index, one thread.
     dist = np.empty((len(x), k), dtype=np.float32)
     lab = np.empty((len(x), k), dtype=np.int64)
     t_faiss, _ = median_timed(
         lambda: raw.search_preassigned(x, k, lists, coarse, D=dist, I=lab), reps=reps
     )
-    server = t_json + t_model + t_mat + t_plan + t_fan + t_merge + t_shape + t_render
+    server = t_json + t_model + t_mat + t_plan + t_fan + t_merge + t_render
     n_shards = len(cv.shards)
     return [
         ("gateway step: orjson.loads(body)", t_json, "re-run in this process"),
-        ("gateway step: QueryRequest.model_validate", t_model, ""),
-        ("gateway step: as_matrix (lists -> float32)", t_mat, ""),
+        ("gateway step: QueryRequest.model_validate", t_model, "reads the vectors with numpy"),
+        ("gateway step: as_matrix (float64 -> float32)", t_mat, ""),
         ("gateway step: coarse quantizer (1 thread)", t_plan, f"n_probes={nprobe}"),
         ("gateway step: shard fan-out (Ray calls)", t_fan, f"{n_shards} shards, in parallel"),
         ("  of which faiss work (all shards, 1 thread)", t_faiss, "search_preassigned, unsharded"),
         ("gateway step: merge per-shard top-k", t_merge, ""),
-        ("gateway step: shape_results (dicts)", t_shape, ""),
-        ("gateway step: render JSON (orjson)", t_render, f"{len(out) / 1e6:.2f} MB"),
+        ("gateway step: results_json", t_render, f"{len(out) / 1e6:.2f} MB"),
         ("sum of gateway steps", server, ""),
     ]
 
