@@ -18,7 +18,8 @@ Out = TypeVar("Out")
 
 
 class Coalescer(Generic[In, Out]):
-    """``await submit(x)`` returns ``run([.., x, ..])[i]``; one ``run`` at a time.
+    """``await submit(x)`` returns ``run([.., x, ..])[i]``; at most ``concurrency`` runs at a
+    time, each taking what has arrived since a run last became free.
 
     ``wait_s``: when ``run`` is idle, how long a new request waits for company before its
     batch starts (0 = at once). A failing ``run`` fails every request of that batch only.
@@ -29,20 +30,35 @@ class Coalescer(Generic[In, Out]):
         run: Callable[[list[In]], Awaitable[list[Out]]],
         max_batch_size: int = 32,
         wait_s: float = 0.0,
+        concurrency: int = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self._run = run
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
+        self.concurrency = concurrency
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
-        self._worker: asyncio.Task[None] | None = None
+        self._workers: set[asyncio.Task[None]] = set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and no run under way."""
+        return not self._pending and self._running() == 0
+
+    def _running(self) -> int:
+        # A finished worker leaves the set by a callback, a loop turn after it is done.
+        return sum(not w.done() for w in self._workers)
 
     async def submit(self, item: In) -> Out:
         future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain())
+        if self._running() < self.concurrency:
+            worker = asyncio.create_task(self._drain())
+            self._workers.add(worker)
+            worker.add_done_callback(self._workers.discard)
         return await future
 
     async def _drain(self) -> None:

@@ -40,6 +40,7 @@ from actors.types import (
     shard_assignment,
 )
 from serve_app import metrics as stages
+from serve_app.coalesce import Coalescer
 from serve_app.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
@@ -80,6 +81,22 @@ class Hits:
     lists_scanned: float = 0.0
     needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
     bucket: int = 0
+
+    def rows(self) -> list[Hits]:
+        """One Hits per query (lists scanned shared out evenly)."""
+        n = len(self.counts)
+        return [
+            Hits(
+                self.distances[q : q + 1],
+                self.ids.take_rows(np.array([q])),
+                None if self.metadata is None else self.metadata[q : q + 1],
+                self.counts[q : q + 1],
+                self.lists_scanned / max(n, 1),
+                None if self.needed is None else self.needed[q : q + 1],
+                self.bucket,
+            )
+            for q in range(n)
+        ]
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,7 @@ class Engine:
         self.retry_backoff_s = retry_backoff_s
         self._metas: dict[str, IndexMeta] = {}
         self._views: dict[str, CachedView] = {}
+        self._singles: dict[Any, Coalescer[Single, Hits]] = {}
 
     # -- unlocking --------------------------------------------------------------------------
     async def keys(self, name: str, key_hex: str) -> tuple[IndexMeta, IndexKeys]:
@@ -310,6 +328,34 @@ class Engine:
             self._measuring.add(task)
             task.add_done_callback(self._measuring.discard)
         return hits
+
+    async def search_one(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
+        """:meth:`search` of one query (``x`` of one row), together with the other single
+        queries of the same index and options that arrive while one of theirs is searched: a
+        batch of them costs one fan-out, one call per shard, where each call costs far more CPU
+        in Ray than its search (docs/performance.md). An idle index's query goes at once, and
+        two batches of a kind may be under way, so a lone pair of queries is not serialised."""
+        try:
+            kind = (cv.config.index_id, cv.config.version, cv.key, q)
+            hash(kind)
+        except TypeError:  # a filter holding a list: searched on its own
+            return await self.search(cv, x, q)
+        batcher = self._singles.get(kind)
+        if batcher is None:
+            batcher = Coalescer(partial(self._search_rows, q), SINGLES_PER_BATCH, concurrency=2)
+            self._singles[kind] = batcher
+        try:
+            return await batcher.submit(Single(cv, x, stages.current()))
+        finally:
+            if batcher.idle and self._singles.get(kind) is batcher:
+                del self._singles[kind]
+
+    async def _search_rows(self, q: Query, items: list[Single]) -> list[Hits]:
+        cv = items[-1].cv  # the latest view of the index (a stale one was reloaded)
+        with stages.measuring() as batch:  # each request gets the stages of its batch
+            hits = await self.search(cv, np.concatenate([s.x for s in items]), q)
+        stages.share(batch, (s.timer for s in items))
+        return hits.rows()
 
     async def _measure(
         self,
@@ -484,6 +530,19 @@ class Engine:
         if len(ids) <= INLINE_HASHES:
             return entries(parts)
         return await asyncio.to_thread(entries, parts)
+
+
+class Single(NamedTuple):
+    """A single query waiting for its batch (Engine.search_one)."""
+
+    cv: CachedView
+    x: np.ndarray  # (1, d)
+    timer: stages.Timer | None  # its request's stage timer
+
+
+# Single queries searched in one batch at most (a shard scans a batch of 32 or more on all its
+# threads: actors.shard.BATCH_THREADS_MIN).
+SINGLES_PER_BATCH = 64
 
 
 def plan_width(first: int) -> int:

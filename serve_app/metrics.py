@@ -17,7 +17,8 @@ sums them (:func:`render`) and writes the text with prometheus_client.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from time import perf_counter
 from typing import Any
@@ -74,6 +75,32 @@ def started() -> float:
 def detach() -> None:
     """Stop noting stages in this task (a background task copied the request's context)."""
     _TIMER.set(None)
+
+
+def current() -> Timer | None:
+    """The timer of the request this task serves (None outside a request)."""
+    return _TIMER.get()
+
+
+@contextmanager
+def measuring() -> Iterator[Timer]:
+    """Note this task's stages in a timer of their own, for work done for several requests at
+    once (a batch of single queries: :func:`share` then gives each request the stages)."""
+    token = _TIMER.set(Timer(perf_counter()))
+    try:
+        timer = _TIMER.get()
+        assert timer is not None
+        yield timer
+    finally:
+        _TIMER.reset(token)
+
+
+def share(measured: Timer, timers: Iterable[Timer | None]) -> None:
+    """Add the stages of ``measured`` to each of ``timers`` (the requests it worked for)."""
+    for timer in timers:
+        if timer is not None:
+            for stage, spent in measured.stages.items():
+                timer.stages[stage] = timer.stages.get(stage, 0.0) + spent
 
 
 # -- this replica's series -----------------------------------------------------------------

@@ -41,6 +41,8 @@ async def query(engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarr
     check_norms(x, QUERY_FIELD)
     x, _ = to_index_space(x, cfg.metric, QUERY_FIELD)
     lap("parse", t)
+    if len(x) == 1:
+        return await engine.search_one(cv, x, params.query)
     return await engine.search(cv, x, params.query)
 
 

@@ -4,9 +4,11 @@ nothing answers 5xx."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -190,3 +192,42 @@ def test_concurrent_writers_readers_and_queries(service, make_index):
         vector, version = model[g["id"]]
         assert same_vector(g["vector"], vector), g["id"]
         assert g["metadata"]["v"] == version and g["contents"] == f"{g['id']}@{version}"
+
+
+def shard_search_calls(http: httpx.Client) -> float:
+    text = http.get("/v1/metrics").text
+    return sum(
+        float(m)
+        for m in re.findall(r"^vaultvec_shard_search_seconds_count\{[^}]*\} (\S+)$", text, re.M)
+    )
+
+
+def test_concurrent_single_queries_share_shard_calls_and_answer_as_alone(
+    service: Any, http: httpx.Client, make_index: Any
+) -> None:
+    """Single queries in flight together on one index are searched in batches (one shard call
+    for several), and each gets exactly the answer it gets alone."""
+    idx = make_index(dimension=DIM)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((400, DIM)).astype(np.float32)
+    idx.upsert_arrays([f"c{i}" for i in range(len(x))], x, [{"i": i} for i in range(len(x))])
+    queries = x[:96] + 0.01
+    alone = [idx.query(query_vectors=q, top_k=5) for q in queries]
+
+    local = threading.local()
+
+    def ask(q: np.ndarray) -> Any:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(
+                base_url=service.url, headers={"X-API-Key": API_KEY}, timeout=120
+            )
+        r = local.client.post("/v1/vectors/query", json=idx.body(query_vectors=q.tolist(), top_k=5))
+        assert r.status_code == 200, r.text[:300]
+        return r.json()["results"]
+
+    before = shard_search_calls(http)
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(ask, queries))
+    calls = shard_search_calls(http) - before
+    assert together == alone
+    assert calls < len(queries), f"{calls:.0f} shard calls for {len(queries)} concurrent queries"

@@ -117,6 +117,28 @@ def test_cancelled_callers_are_skipped_and_the_worker_restarts():
     assert model.batches == [[1], [3]]
 
 
+def test_up_to_concurrency_calls_run_at_once_and_the_rest_share_the_next():
+    async def main() -> tuple[list[int], SlowDouble, Coalescer[int, int]]:
+        model = SlowDouble(delay_s=0.05)
+        c = Coalescer(model, max_batch_size=32, concurrency=2)
+        first = asyncio.create_task(c.submit(0))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(c.submit(1))  # a second call starts at once
+        await asyncio.sleep(0.01)
+        rest = [asyncio.create_task(c.submit(i)) for i in range(2, 10)]
+        out = await asyncio.gather(first, second, *rest)
+        await asyncio.sleep(0)  # the workers' done callbacks
+        return out, model, c
+
+    out, model, c = run(main())
+    assert out == [2 * i for i in range(10)]
+    assert model.batches == [[0], [1], list(range(2, 10))]
+    assert model.max_running == 2
+    assert c.idle
+
+
 def test_invalid_max_batch_size():
     with pytest.raises(ValueError):
         Coalescer(SlowDouble(), max_batch_size=0)
+    with pytest.raises(ValueError):
+        Coalescer(SlowDouble(), concurrency=0)
