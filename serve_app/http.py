@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import re
 import threading
@@ -233,9 +234,13 @@ def counted_call(read_bytes: int) -> Iterator[None]:
 
 
 def _trim_if_due(mark: int) -> None:
-    # A thread of its own: the loop's executor may be taken by calls that wait a long time.
     if IDLE_TRIM.due(mark):
-        threading.Thread(target=heap.trim, args=(True,), name="vaultvec-trim", daemon=True).start()
+        # Garbage first, here on the loop (finalizers of asyncio objects expect its thread):
+        # buffers that finished requests left in reference cycles are freed only by a
+        # collection, which a quiet process does not start. malloc_trim walks the whole heap
+        # (milliseconds): off the loop.
+        gc.collect()
+        threading.Thread(target=heap.trim, name="vaultvec-trim", daemon=True).start()
 
 
 async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
