@@ -46,6 +46,9 @@ def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarra
 
 def pack_strings(items: Sequence[str | bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """Encode strings/bytes/None as (uint8 blob, int64 lengths with -1 for None)."""
+    if isinstance(items, (list, tuple)) and items.count(None) == len(items):
+        # items stored without any (metadata, contents): no per-item work
+        return np.empty(0, dtype=np.uint8), np.full(len(items), -1, dtype=np.int64)
     encoded = [s.encode() if isinstance(s, str) else s for s in items]
     lengths = np.array([-1 if b is None else len(b) for b in encoded], dtype=np.int64)
     blob = b"".join(filter(None, encoded))  # None and empty entries add no bytes

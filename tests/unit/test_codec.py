@@ -14,6 +14,13 @@ def test_strings_round_trip(items: list[str | None]) -> None:
     assert codec.unpack_strings(blob, lengths) == items
 
 
+@pytest.mark.parametrize("items", [[None] * 5, (None, None), [], [None, "", None], ("", "")])
+def test_nones_and_empty_strings_stay_apart(items: list[str | None]) -> None:
+    blob, lengths = codec.pack_strings(items)
+    assert codec.unpack_strings(blob, lengths) == list(items)
+    assert lengths.tolist() == [-1 if s is None else 0 for s in items]
+
+
 def test_frame_round_trip() -> None:
     arrays = {
         "a": np.arange(12, dtype=np.float32).reshape(3, 4),
