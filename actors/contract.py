@@ -93,12 +93,11 @@ class ShardCalls(Protocol):
     def ping(self) -> str: ...
 
 
-# A request larger than Ray inlines in a call goes through its object store; passed by value,
-# Ray would copy it into the store again for each call, so it is put there once and every
-# shard gets the reference (measured with Ray's default inline limit, 100 KiB: a 10,000-query
-# request, 6.3 MB, to 2 shards: 87 -> 84 ms; a 1,000-query one, 0.63 MB, to 2 no-op actors:
-# 4.1 -> 3.6 ms).
-SHARED_ARG_BYTES = 100 << 10
+# A large request sent to several shards is put in Ray's object store once and every shard gets
+# the reference; passed by value, each call carries (or stores) its own copy. With the inline
+# limit vaultvec serve sets (1 MiB, cluster/fastpath.py), to 2 no-op actors: 300 KB by value
+# 1.6 ms against 2.2 ms put once, 640 KB by value 2.6-2.9 ms against 2.2-2.4 ms.
+SHARED_ARG_BYTES = 512 << 10
 
 
 def pack(obj: SearchRequest | SearchResult) -> bytes:

@@ -386,7 +386,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--large", action="store_true", help="add the 100k×128 ivfflat index")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before a snapshot")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the idle bar is missed")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a bar is missed")
     parser.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for the server (repeatable)"
     )

@@ -118,8 +118,12 @@ def concurrent(url: str, clients: int, seconds: float, work: Callable[[Any, int]
 
 def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
     """One mode, in this interpreter: the service, the floor, the measurements."""
-    if mode == "stock":
-        os.environ.update({name: "0" for name, on in fastpath.ENV.items() if on == "1"})
+    if mode == "stock":  # Serve's and Ray's own settings: the switches off, the limits unset
+        for name, value in fastpath.ENV.items():
+            if value == "1":
+                os.environ[name] = "0"
+            else:
+                os.environ.pop(name, None)
     fastpath.apply(mode == "default")
     from bench_service import deploy_floor  # imports ray.serve: after the switches
 

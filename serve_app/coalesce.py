@@ -31,6 +31,7 @@ class Coalescer(Generic[In, Out]):
         max_batch_size: int = 32,
         wait_s: float = 0.0,
         concurrency: int = 1,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -40,6 +41,7 @@ class Coalescer(Generic[In, Out]):
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
         self.concurrency = concurrency
+        self.on_idle = on_idle  # called when the last run ends with nothing waiting
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
         self._workers: set[asyncio.Task[None]] = set()
 
@@ -58,8 +60,13 @@ class Coalescer(Generic[In, Out]):
         if self._running() < self.concurrency:
             worker = asyncio.create_task(self._drain())
             self._workers.add(worker)
-            worker.add_done_callback(self._workers.discard)
+            worker.add_done_callback(self._finished)
         return await future
+
+    def _finished(self, worker: asyncio.Task[None]) -> None:
+        self._workers.discard(worker)
+        if self.on_idle is not None and self.idle:
+            self.on_idle()
 
     async def _drain(self) -> None:
         if self.wait_s > 0:

@@ -334,24 +334,24 @@ class Engine:
         queries of the same index and options that arrive while one of theirs is searched: a
         batch of them costs one fan-out, one call per shard, where each call costs far more CPU
         in Ray than its search (docs/performance.md). An idle index's query goes at once, and
-        two batches of a kind may be under way, so a lone pair of queries is not serialised."""
-        try:
-            kind = (cv.config.index_id, cv.config.version, cv.key, q)
-            hash(kind)
-        except TypeError:  # a filter holding a list: searched on its own
-            return await self.search(cv, x, q)
+        two batches of a kind may be under way, so a lone pair of queries is not serialised.
+
+        Options are told apart by their repr, which keeps the types that ``==`` does not: a
+        filter on ``true`` and one on ``1`` match different items (actors.filters)."""
+        kind = (cv.config.index_id, cv.config.version, cv.key, repr(q))
         batcher = self._singles.get(kind)
         if batcher is None:
             batcher = Coalescer(partial(self._search_rows, q), SINGLES_PER_BATCH, concurrency=2)
+            batcher.on_idle = partial(self._singles_idle, kind, batcher)
             self._singles[kind] = batcher
-        try:
-            return await batcher.submit(Single(cv, x, stages.current()))
-        finally:
-            if batcher.idle and self._singles.get(kind) is batcher:
-                del self._singles[kind]
+        return await batcher.submit(Single(cv, x, stages.current()))
+
+    def _singles_idle(self, kind: tuple[Any, ...], batcher: Coalescer[Single, Hits]) -> None:
+        if self._singles.get(kind) is batcher:
+            del self._singles[kind]
 
     async def _search_rows(self, q: Query, items: list[Single]) -> list[Hits]:
-        cv = items[-1].cv  # the latest view of the index (a stale one was reloaded)
+        cv = items[-1].cv  # the view most recently looked up (a stale one was reloaded)
         with stages.measuring() as batch:  # each request gets the stages of its batch
             hits = await self.search(cv, np.concatenate([s.x for s in items]), q)
         stages.share(batch, (s.timer for s in items))

@@ -49,8 +49,9 @@ def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
     twice. numpy takes a JSON ``true`` for 1 and ``false`` for 0, so the entries it read as
     exactly 0 or 1 are looked at one by one; anything else that numpy does not read as plain
     numbers in one or two dimensions (strings, nulls, ragged or nested lists, integers beyond
-    64 bits), or a vector mostly of 0s and 1s, goes through ``strict``, whose errors name the
-    entry as for every other field."""
+    64 bits), or where more than one entry in eight is 0 or 1, goes through ``strict``, whose
+    errors name the entry as for every other field. Integers come back as float64, as JSON
+    numbers read by pydantic do."""
     if isinstance(value, list) and value:
         try:
             arr = np.array(value)
@@ -62,7 +63,7 @@ def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
                 listed = value if arr.ndim == 2 else [value]
                 pairs = zip(rows.tolist(), cols.tolist(), strict=True)
                 if not any(type(listed[r][c]) is bool for r, c in pairs):
-                    return arr
+                    return arr.astype(np.float64, copy=False)
     return strict(value)
 
 

@@ -206,28 +206,37 @@ def test_concurrent_single_queries_share_shard_calls_and_answer_as_alone(
     service: Any, http: httpx.Client, make_index: Any
 ) -> None:
     """Single queries in flight together on one index are searched in batches (one shard call
-    for several), and each gets exactly the answer it gets alone."""
+    for several), and each gets exactly the answer it gets alone, its own filter included (a
+    filter on true and one on 1 match different items, though Python holds True == 1)."""
     idx = make_index(dimension=DIM)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((400, DIM)).astype(np.float32)
-    idx.upsert_arrays([f"c{i}" for i in range(len(x))], x, [{"i": i} for i in range(len(x))])
+    meta = [{"i": i, "flag": True if i % 2 else 1} for i in range(len(x))]
+    idx.upsert_arrays([f"c{i}" for i in range(len(x))], x, meta)
     queries = x[:96] + 0.01
-    alone = [idx.query(query_vectors=q, top_k=5) for q in queries]
+    filters: list[dict[str, Any] | None] = [None, {"flag": True}, {"flag": 1}]
+
+    def fields(j: int) -> dict[str, Any]:
+        return {"query_vectors": queries[j].tolist(), "top_k": 5, "filters": filters[j % 3]}
+
+    alone = [idx.query(**fields(j)) for j in range(len(queries))]
+    for j in (1, 2):  # the filters tell the items apart
+        assert {r["metadata"]["i"] % 2 for r in alone[j]} == {2 - j}
 
     local = threading.local()
 
-    def ask(q: np.ndarray) -> Any:
+    def ask(j: int) -> Any:
         if not hasattr(local, "client"):
             local.client = httpx.Client(
                 base_url=service.url, headers={"X-API-Key": API_KEY}, timeout=120
             )
-        r = local.client.post("/v1/vectors/query", json=idx.body(query_vectors=q.tolist(), top_k=5))
+        r = local.client.post("/v1/vectors/query", json=idx.body(**fields(j)))
         assert r.status_code == 200, r.text[:300]
         return r.json()["results"]
 
     before = shard_search_calls(http)
     with ThreadPoolExecutor(16) as pool:
-        together = list(pool.map(ask, queries))
+        together = list(pool.map(ask, range(len(queries))))
     calls = shard_search_calls(http) - before
     assert together == alone
     assert calls < len(queries), f"{calls:.0f} shard calls for {len(queries)} concurrent queries"

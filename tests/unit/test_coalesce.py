@@ -137,6 +137,21 @@ def test_up_to_concurrency_calls_run_at_once_and_the_rest_share_the_next():
     assert c.idle
 
 
+def test_on_idle_is_called_when_the_last_run_ends_even_if_its_callers_went_away():
+    async def main() -> list[int]:
+        idle: list[int] = []
+        c = Coalescer(SlowDouble(delay_s=0.03), concurrency=2, on_idle=lambda: idle.append(1))
+        callers = [asyncio.create_task(c.submit(i)) for i in range(3)]
+        await asyncio.sleep(0.01)  # both runs under way
+        for task in callers:
+            task.cancel()
+        await asyncio.sleep(0.08)
+        assert c.idle
+        return idle
+
+    assert run(main()) == [1]
+
+
 def test_invalid_max_batch_size():
     with pytest.raises(ValueError):
         Coalescer(SlowDouble(), max_batch_size=0)

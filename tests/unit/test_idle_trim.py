@@ -95,7 +95,7 @@ def test_the_gateway_trims_after_large_bodies_once_quiet(monkeypatch: pytest.Mon
             pass
         await asyncio.sleep(0.15)
         assert trims == []  # the call put it off
-        for _ in range(100):  # quiet now: the trim runs in the loop's executor
+        for _ in range(100):  # quiet now: the trim runs in a thread of its own
             if trims:
                 break
             await asyncio.sleep(0.02)
