@@ -122,10 +122,20 @@ def _b64(rows: int) -> str:
     return base64.b64encode(x.tobytes()).decode()
 
 
+def _fit_columns(body: dict[str, Any], rows: int) -> None:
+    """An upsert's ``metadata`` and ``contents`` lists (one entry per id) cut or padded with
+    nulls to the rows: the generator draws their lengths apart from the ids'."""
+    for name in ("metadata", "contents"):
+        column = body.get(name)
+        if isinstance(column, list) and len(column) != rows:
+            body[name] = (column + [None] * rows)[:rows]
+
+
 def fit_vectors(path: str, body: dict[str, Any]) -> None:
     """Give a body's vectors the real index's dimension, where the generator made them valid
-    for the schema (a list of numbers, a base64 string with a valid dimension or shape), so
-    queries and upserts reach the engine; invalid fields are left invalid."""
+    for the schema (a list of numbers, a base64 string with a valid dimension or shape), and
+    an upsert's columns its rows, so queries and upserts reach the engine; invalid fields are
+    left invalid."""
     if path == "/v1/vectors/query":
         vectors, text = body.get("query_vectors"), body.get("query_contents")
         if vectors is None and isinstance(text, str):
@@ -151,6 +161,7 @@ def fit_vectors(path: str, body: dict[str, Any]) -> None:
             ids = batch.get("ids")
             rows = len(ids) if isinstance(ids, list) else 2
             batch["dimension"], batch["vectors_b64"] = DIMENSION, _b64(rows)
+            _fit_columns(batch, rows)
     elif path in ("/v1/vectors/upsert_arrays", "/v1/vectors/query_arrays"):
         field = "vectors" if path.endswith("upsert_arrays") else "query_vectors"
         shape = body.get("shape")
@@ -163,6 +174,7 @@ def fit_vectors(path: str, body: dict[str, Any]) -> None:
             ids = body.get("ids")
             rows = len(ids) if isinstance(ids, list) else 2
             body["shape"], body[field] = [rows, DIMENSION], _b64(rows)
+            _fit_columns(body, rows)
 
 
 def aim_at_index(case: schemathesis.Case, idx: Index) -> None:
