@@ -211,12 +211,8 @@ class ApiKeyGate:
 IDLE_TRIM = heap.IdleTrim(1 << 20, quiet_s=1.0)
 
 
-def request_began() -> None:
-    IDLE_TRIM.begin()
-
-
 def request_ended(read_bytes: int) -> None:
-    """After :func:`request_began`, on the event loop: a trim is checked once quiet."""
+    """After ``IDLE_TRIM.begin()``, on the event loop: a trim is checked once quiet."""
     mark = IDLE_TRIM.end(read_bytes)
     if mark is not None:
         asyncio.get_running_loop().call_later(IDLE_TRIM.quiet_s, _trim_if_due, mark)
@@ -226,7 +222,7 @@ def request_ended(read_bytes: int) -> None:
 def counted_call(read_bytes: int) -> Iterator[None]:
     """A call of the Ray transport, whose arguments came to ``read_bytes``, counted like a
     request (on the event loop)."""
-    request_began()
+    IDLE_TRIM.begin()
     try:
         yield
     finally:
@@ -253,7 +249,7 @@ async def tidied(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
         read += len(message.get("body", b""))
         return message
 
-    request_began()
+    IDLE_TRIM.begin()
     try:
         await app(scope, counted, send)
     finally:

@@ -86,10 +86,9 @@ def current() -> Timer | None:
 def measuring() -> Iterator[Timer]:
     """Note this task's stages in a timer of their own, for work done for several requests at
     once (a batch of single queries: :func:`share` then gives each request the stages)."""
-    token = _TIMER.set(Timer(perf_counter()))
+    timer = Timer(perf_counter())
+    token = _TIMER.set(timer)
     try:
-        timer = _TIMER.get()
-        assert timer is not None
         yield timer
     finally:
         _TIMER.reset(token)

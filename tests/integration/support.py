@@ -10,10 +10,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.client import generate_key
 
 ERROR_KEYS = {"status_code", "detail", "errors"}
+Samples = dict[str, list[tuple[dict[str, str], float]]]  # Prometheus text: name -> samples
 
 
 def unique_name(prefix: str = "it") -> str:
@@ -175,3 +177,19 @@ def ids_of(results: Iterable[dict[str, Any]]) -> list[str]:
 def assert_ascending(results: Sequence[dict[str, Any]]) -> None:
     d = [r["distance"] for r in results]
     assert all(a <= b for a, b in pairwise(d)), d
+
+
+def parse(text: str) -> Samples:
+    """``GET /v1/metrics``'s text by sample name."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    found = [v for lab, v in samples.get(name, []) if labels.items() <= lab.items()]
+    assert found, f"no {name} with {labels}: {samples.get(name)}"
+    return sum(found)

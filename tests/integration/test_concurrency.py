@@ -4,7 +4,6 @@ nothing answers 5xx."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter
@@ -15,6 +14,7 @@ import httpx
 import numpy as np
 
 from tests.integration.conftest import API_KEY
+from tests.integration.support import parse, value
 
 THREADS = 8
 SECONDS = 4.0
@@ -195,11 +195,7 @@ def test_concurrent_writers_readers_and_queries(service, make_index):
 
 
 def shard_search_calls(http: httpx.Client) -> float:
-    text = http.get("/v1/metrics").text
-    return sum(
-        float(m)
-        for m in re.findall(r"^vaultvec_shard_search_seconds_count\{[^}]*\} (\S+)$", text, re.M)
-    )
+    return value(parse(http.get("/v1/metrics").text), "vaultvec_shard_search_seconds_count")
 
 
 def test_concurrent_single_queries_share_shard_calls_and_answer_as_alone(

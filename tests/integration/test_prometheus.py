@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.client import generate_key
 from tests.integration.conftest import API_KEY, Service
-from tests.integration.support import Index, create_index, error
+from tests.integration.support import Index, Samples, create_index, error, parse, value
 
 MARK = "zq9x7"  # in every secret below: found nowhere in a scrape
 NAME = f"secretidx-{MARK}"
@@ -24,23 +24,6 @@ DIM = 8
 N = 300
 QUERIES = 12
 PUBLIC_PREFIX = "/public"
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    found = [v for lab, v in samples.get(name, []) if labels.items() <= lab.items()]
-    assert found, f"no {name} with {labels}: {samples.get(name)}"
-    return sum(found)
 
 
 @pytest.fixture(scope="module")
