@@ -1,6 +1,7 @@
 """PartitionIndex.search: a batch searched in locality order answers exactly as faiss does in
 request order (ids and distances bit for bit), for every index type, with skipped lists and
-with a filter; relabelled in place, it answers as before under the new labels."""
+with a filter; relabelled in place, it answers as before under the new labels. too_large flags the vectors
+faiss cannot search."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 
 from actors.partition import (
     LOCALITY_MIN_QUERIES,
+    MAX_NORM,
     PartitionIndex,
     locality_order,
     principal_rank,
     serialize,
+    too_large,
 )
 from actors.training import TrainParams, train_template
 from tests.helpers import clustered
@@ -123,3 +126,26 @@ def test_relabel_rewrites_the_ids_in_place(partition: PartitionIndex) -> None:
     with pytest.raises(ValueError, match="no new label"):
         part.relabel(np.arange(10))  # labels 10 and above would have none
     assert sorted(part.all_labels().tolist()) == list(range(5000))
+
+
+def test_too_large_flags_exactly_the_rows_whose_norm_exceeds_max_norm_or_is_not_finite() -> None:
+    rng = np.random.default_rng(5)
+    edge = MAX_NORM / np.sqrt(8)  # 8 entries of this: a norm of exactly MAX_NORM
+    rows = [
+        rng.normal(size=8),
+        np.full(8, edge * 0.999),
+        np.full(8, edge * 1.001),
+        [1e20, 0, 0, 0, 0, 0, 0, 0],
+        [3e38, 3e38, 0, 0, 0, 0, 0, 0],  # finite in float32; its squares are not
+        [np.inf, 0, 0, 0, 0, 0, 0, 0],
+        [np.nan, 0, 0, 0, 0, 0, 0, 0],
+        np.zeros(8),
+    ]
+    x = np.array(rows, dtype=np.float32)
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)
+    expected = [i for i, n in enumerate(norms) if not n <= MAX_NORM]
+    assert expected == [2, 3, 4, 5, 6]
+    assert too_large(x).tolist() == expected
+    x64 = x.astype(np.float64)
+    assert too_large(x64).tolist() == expected
+    assert np.array_equal(x64, x.astype(np.float64), equal_nan=True)  # squared in a copy
