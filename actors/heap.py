@@ -123,7 +123,8 @@ class IdleTrim:
     steady load, never quiet that long, never waits for a trim. Thread-safe.
 
     A request calls :meth:`begin`, then :meth:`end` with the bytes it read; a mark from
-    :meth:`end` is checked with :meth:`due` ``quiet_s`` later."""
+    :meth:`end` is checked with :meth:`due` ``quiet_s`` later, or a thread calls :meth:`poll`
+    every ``quiet_s``."""
 
     def __init__(self, after_bytes: int, quiet_s: float) -> None:
         self.after_bytes = after_bytes
@@ -131,7 +132,10 @@ class IdleTrim:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._begun = 0
+        self._ended = 0
         self._read = 0
+        self._trimmed = (0, 0)  # (begun, ended) at the last trim
+        self._polled = (0, 0)  # ... and at the last poll
 
     def begin(self) -> None:
         with self._lock:
@@ -143,6 +147,7 @@ class IdleTrim:
         due once the process stays quiet, else None."""
         with self._lock:
             self._in_flight -= 1
+            self._ended += 1
             self._read += read_bytes
             if self._in_flight or self._read < self.after_bytes:
                 return None
@@ -155,6 +160,23 @@ class IdleTrim:
             if self._begun != mark or self._in_flight or self._read < self.after_bytes:
                 return False
             self._read = 0
+            self._trimmed = (self._begun, self._ended)
+            return True
+
+    def poll(self, grown: bool = False) -> bool:
+        """For a thread that calls this every ``quiet_s``: True, and the count restarted, when
+        no request began or ended since the previous poll, and requests ran since the last trim
+        or the caller saw its memory grow without them (``grown``)."""
+        with self._lock:
+            now = (self._begun, self._ended)
+            quiet = now == self._polled and not self._in_flight
+            self._polled = now
+            if not quiet:
+                return False
+            if not grown and (now == self._trimmed or self._read < self.after_bytes):
+                return False
+            self._read = 0
+            self._trimmed = now
             return True
 
 

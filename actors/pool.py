@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,7 +46,13 @@ from actors.types import (
 
 log = logging.getLogger("vaultvec.pool")
 
-EVICT_PERIOD_S = 1.0
+# How often a pool actor evicts (when it has a budget or a TTL) and checks whether it has been
+# quiet for a whole period since its last calls, to trim its heap.
+HOUSEKEEPING_PERIOD_S = 1.0
+# A quiet actor also trims once its private memory grew this much since its last trim without
+# any call: Ray's own periodic work in the process (every 10 s) leaves a megabyte or two free
+# inside the heap each time.
+TRIM_GROWTH_BYTES = 1 << 20
 # Below the budget by this share after evicting, so that the next load does not evict at once.
 BUDGET_HEADROOM = 0.9
 
@@ -73,8 +80,13 @@ class ShardPool:
         self._retired: set[str] = set()
         self._evictions = 0
         self._metrics = PoolMetrics(self)
-        if options.budget_bytes or options.idle_ttl_s:
-            threading.Thread(target=self._evict_forever, name="vaultvec-evict", daemon=True).start()
+        # What calls leave free inside the heap (request and result buffers, a search's
+        # scratch) is given back once the actor goes quiet: memory follows the partitions.
+        self._idle = heap.IdleTrim(0, quiet_s=HOUSEKEEPING_PERIOD_S)
+        self._trimmed_at = heap.resident_anon_bytes() or 0  # private memory at the last trim
+        threading.Thread(
+            target=_housekeep, args=(weakref.ref(self),), name="vaultvec-housekeep", daemon=True
+        ).start()
 
     # -- hosting ----------------------------------------------------------------------------
     def _shard(self, p: Partition) -> Shard:
@@ -116,20 +128,31 @@ class ShardPool:
             heap.trim()
 
     # -- the partition calls ----------------------------------------------------------------
+    @contextmanager
+    def _call(self, name: str, shard_no: int = -1) -> Iterator[None]:
+        """Around every partition call: counted and timed (PoolMetrics), and seen by the idle
+        trim."""
+        self._idle.begin()
+        try:
+            with self._metrics.call(name, shard_no):
+                yield
+        finally:
+            self._idle.end(0)
+
     def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult:
-        with self._metrics.call("search", p.shard_no):
+        with self._call("search", p.shard_no):
             return self._shard(p).search(key, req)
 
     def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes:
-        with self._metrics.call("search", p.shard_no):
+        with self._call("search", p.shard_no):
             return pack(self._shard(p).search(key, unpack_request(req)))
 
     def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats:
-        with self._metrics.call("upsert"):
+        with self._call("upsert"):
             return self._shard(p).upsert(key, batch)
 
     def delete(self, p: Partition, key: bytes, ids: list[str]) -> int:
-        with self._metrics.call("delete"):
+        with self._call("delete"):
             return self._shard(p).delete(key, ids)
 
     def get(
@@ -141,10 +164,12 @@ class ShardPool:
         metadata: bool,
         contents: bool,
     ) -> Fetched:
-        return self._shard(p).get(key, ids, vectors, metadata, contents)
+        with self._call("get"):
+            return self._shard(p).get(key, ids, vectors, metadata, contents)
 
     def list_ids(self, p: Partition, key: bytes) -> list[str]:
-        return self._shard(p).list_ids(key)
+        with self._call("list_ids"):
+            return self._shard(p).list_ids(key)
 
     def match_ids(
         self,
@@ -155,13 +180,16 @@ class ShardPool:
         order_by: str | None,
         ascending: bool,
     ) -> list[Any]:
-        return self._shard(p).match_ids(key, node, limit, order_by, ascending)
+        with self._call("match_ids"):
+            return self._shard(p).match_ids(key, node, limit, order_by, ascending)
 
     def stats(self, p: Partition, key: bytes, footprint: bool) -> ShardStats:
-        return self._shard(p).stats(key, footprint)
+        with self._call("stats"):
+            return self._shard(p).stats(key, footprint)
 
     def sample(self, p: Partition, key: bytes, n: int, seed: int) -> np.ndarray:
-        return self._shard(p).sample(key, n, seed)
+        with self._call("sample"):
+            return self._shard(p).sample(key, n, seed)
 
     def rebuild(
         self,
@@ -173,19 +201,23 @@ class ShardPool:
         batch_size: int,
     ) -> ShardStats:
         # Ray caps OMP threads at the actor's (fractional) CPUs; a rebuild's adds use its own.
-        shard = self._shard(p)
-        faiss.omp_set_num_threads(shard.threads)
-        return shard.rebuild(key, version, template, nprobe_table, batch_size)
+        with self._call("rebuild"):
+            shard = self._shard(p)
+            faiss.omp_set_num_threads(shard.threads)
+            return shard.rebuild(key, version, template, nprobe_table, batch_size)
 
     # -- key rotation (actors.rotation) ------------------------------------------------------
     def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None:
-        self._shard(p).begin_rotation(key, new_key, epoch)
+        with self._call("begin_rotation"):
+            self._shard(p).begin_rotation(key, new_key, epoch)
 
     def commit_rotation(self, p: Partition, epoch: int) -> None:
-        self._shard(p).commit_rotation(epoch)
+        with self._call("commit_rotation"):
+            self._shard(p).commit_rotation(epoch)
 
     def abort_rotation(self, p: Partition, epoch: int) -> None:
-        self._shard(p).abort_rotation(epoch)
+        with self._call("abort_rotation"):
+            self._shard(p).abort_rotation(epoch)
 
     def ping(self) -> str:
         """The node this actor runs on (the control plane spreads partitions by it)."""
@@ -239,13 +271,30 @@ class ShardPool:
             heap.trim()
         return unloaded
 
-    def _evict_forever(self) -> None:
-        while True:
-            time.sleep(EVICT_PERIOD_S)
-            try:
-                self.evict()
-            except Exception:  # never let the loop die; say what, not which data
-                log.exception("eviction pass failed")
+    def housekeep(self) -> None:
+        """One pass of the actor's housekeeping thread (every HOUSEKEEPING_PERIOD_S): evict
+        (with a budget or a TTL), and trim the heap once the actor is quiet after calls, or
+        after its memory grew without them."""
+        if self.options.budget_bytes or self.options.idle_ttl_s:
+            self.evict()
+        resident = heap.resident_anon_bytes() or 0
+        if self._idle.poll(grown=resident > self._trimmed_at + TRIM_GROWTH_BYTES):
+            heap.trim()
+            self._trimmed_at = heap.resident_anon_bytes() or 0
+
+
+def _housekeep(pool_ref: weakref.ref[ShardPool]) -> None:
+    """The housekeeping thread: ends with its pool (which it does not keep alive)."""
+    while True:
+        time.sleep(HOUSEKEEPING_PERIOD_S)
+        pool = pool_ref()
+        if pool is None:
+            return
+        try:
+            pool.housekeep()
+        except Exception:  # never let the loop die; say what, not which data
+            log.exception("housekeeping pass failed")
+        del pool
 
 
 def rss_bytes() -> int:

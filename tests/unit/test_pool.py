@@ -1,5 +1,6 @@
 """The shard pool without Ray: many indexes' partitions in one actor, isolated by key; eviction by
-idle TTL and memory budget; deleted indexes refused; placement spread and deterministic."""
+idle TTL and memory budget; deleted indexes refused; placement spread and deterministic; the heap
+given back once the actor is quiet."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from actors import persistence
+from actors import heap, persistence
+from actors import pool as pool_module
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.placement import place
 from actors.pool import PoolOptions, ShardPool
@@ -152,3 +154,40 @@ def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPat
     pool._nodes["vaultvec-pool-" + placement.store_tag("file:///nowhere") + "-0"] = "n2"
     assert Counter(pool.members().values()) == Counter(n1=1, n2=2, n3=2, n4=1)
     assert len(started) == 6
+
+
+def test_a_pool_gives_its_heap_back_once_quiet_after_calls_or_after_growing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What calls (and Ray's own periodic work) leave free in the heap does not stay resident:
+    churned items' memory follows the live ones (benchmarks/many_indexes.py, churn)."""
+    trims: list[bool] = []
+    resident = [100 << 20]
+    monkeypatch.setattr(pool_module, "HOUSEKEEPING_PERIOD_S", 3600.0)  # passes run here
+    monkeypatch.setattr(heap, "resident_anon_bytes", lambda pid="self": resident[0])
+    # The shard's own tidy after writes trims with a collection first: not counted here.
+    monkeypatch.setattr(heap, "trim", lambda collect=False: collect or trims.append(collect))
+    p = pool(tmp_path)
+    a = catalogued(tmp_path, "a", "ida")
+    x = clustered(50, 8, seed=3)
+    p.upsert(a, KEY_A, batch(x, 0))  # loads the partition (which trims after loading)
+    p.housekeep()
+    p.housekeep()
+    trims.clear()
+    p.housekeep()
+    assert trims == []  # no call since the last trim
+    p.upsert(a, KEY_A, batch(x + 1, 0))
+    p.housekeep()
+    assert trims == []  # a call during this period
+    p.housekeep()
+    assert trims == [False]  # a whole period quiet after it
+    p.housekeep()
+    assert trims == [False]  # nothing since
+    resident[0] += 2 << 20  # grown without calls
+    p.housekeep()
+    assert len(trims) == 2
+    with p._call("search"):  # a call in flight: never
+        resident[0] += 2 << 20
+        p.housekeep()
+        p.housekeep()
+    assert len(trims) == 2
