@@ -54,7 +54,10 @@ class EngineOptions:
     shard_start_timeout_s: float = 60.0
     retire_timeout_s: float = 30.0
     shard_threads: int = 0  # 0 = the Ray node's CPUs (for batches: actors.shard.BATCH_THREADS_MIN)
-    shard_max_concurrency: int = 32
+    # Calls one pool actor runs at once, each on its own thread. A thread that ran a call keeps
+    # ~30 KB of its stack resident (Ray's call path, then the partition's work): with 32 the
+    # actors' memory crept up by a megabyte over the first few hundred calls.
+    shard_max_concurrency: int = 16
     wal_max_records: int = 256
     auto_train_threshold: int = 10_000
     retrain_factor: float = 4.0

@@ -71,7 +71,7 @@ class Pool:
         budget_bytes: int = 0,
         idle_ttl_s: float = 0.0,
         num_cpus: float = 0.05,
-        max_concurrency: int = 32,
+        max_concurrency: int = 16,
         wal_max_records: int = 256,
         threads: int = 0,
         start_timeout_s: float = 60.0,

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     pool_size: int = Field(
         ENGINE.pool_size, ge=0, description="shard pool actors per node; 0 = one per CPU"
     )
+    shard_max_concurrency: int = Field(
+        ENGINE.shard_max_concurrency,
+        ge=1,
+        description="partition calls one shard pool actor runs at once (one thread each); more "
+        "wait in its queue",
+    )
     pool_memory_budget_mb: int = Field(
         ENGINE.pool_memory_budget_mb,
         ge=0,
