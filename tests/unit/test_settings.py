@@ -82,3 +82,10 @@ def test_engine_options_carry_every_setting_of_the_same_name(tmp_path: Path) -> 
     # The defaults are the engine's own, written once.
     default = EngineOptions(store_url="")
     assert all(getattr(Settings(), name) == getattr(default, name) for name in shared)
+
+
+def test_every_setting_is_in_the_api_reference() -> None:
+    """docs/api.md lists every VAULTVEC_ variable `vaultvec serve` reads."""
+    doc = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    missing = [n for n in Settings.model_fields if f"`VAULTVEC_{n.upper()}`" not in doc]
+    assert missing == []
