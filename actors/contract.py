@@ -2,8 +2,9 @@
 and the typed client through which the gateway and the control plane call one partition
 (:class:`ShardClient`).
 
-Every call names its partition and carries the index's data key; requests and answers are the
-frozen dataclasses of actors.types. One exception to passing them as objects: a search request
+Every call names its partition (as :meth:`Partition.encode` gives it: a str, which Ray passes for
+less than the dataclass) and carries the index's data key; requests and answers are the frozen
+dataclasses of actors.types. One exception to passing them as objects: a search request
 and its result travel pickled to bytes (:func:`pack`), because Ray's serializer costs more for
 small numpy-carrying dataclasses than the pickling does (benchmarks/shard_hop.py: about 1.2x the
 round trip of a single query) and a fan-out then sends the same bytes to every shard.
@@ -34,17 +35,17 @@ from actors.types import (
 class ShardCalls(Protocol):
     """The calls a pool actor answers (actors.pool.ShardPool implements them)."""
 
-    def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult: ...
+    def search(self, p: Partition | str, key: bytes, req: SearchRequest) -> SearchResult: ...
 
-    def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes: ...
+    def search_packed(self, p: Partition | str, key: bytes, req: bytes) -> bytes: ...
 
-    def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats: ...
+    def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats: ...
 
-    def delete(self, p: Partition, key: bytes, ids: list[str]) -> int: ...
+    def delete(self, p: Partition | str, key: bytes, ids: list[str]) -> int: ...
 
     def get(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         ids: list[str],
         vectors: bool,
@@ -52,11 +53,11 @@ class ShardCalls(Protocol):
         contents: bool,
     ) -> Fetched: ...
 
-    def list_ids(self, p: Partition, key: bytes) -> list[str]: ...
+    def list_ids(self, p: Partition | str, key: bytes) -> list[str]: ...
 
     def match_ids(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         node: FilterNode | None,
         limit: int | None,
@@ -64,13 +65,13 @@ class ShardCalls(Protocol):
         ascending: bool,
     ) -> list[Any]: ...
 
-    def stats(self, p: Partition, key: bytes, footprint: bool) -> ShardStats: ...
+    def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats: ...
 
-    def sample(self, p: Partition, key: bytes, n: int, seed: int) -> np.ndarray: ...
+    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> np.ndarray: ...
 
     def rebuild(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         version: int,
         template: np.ndarray,
@@ -78,11 +79,13 @@ class ShardCalls(Protocol):
         batch_size: int,
     ) -> ShardStats: ...
 
-    def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None: ...
+    def begin_rotation(
+        self, p: Partition | str, key: bytes, new_key: bytes, epoch: int
+    ) -> None: ...
 
-    def commit_rotation(self, p: Partition, epoch: int) -> None: ...
+    def commit_rotation(self, p: Partition | str, epoch: int) -> None: ...
 
-    def abort_rotation(self, p: Partition, epoch: int) -> None: ...
+    def abort_rotation(self, p: Partition | str, epoch: int) -> None: ...
 
     def retire(self, index_id: str) -> None: ...
 
@@ -133,24 +136,25 @@ class ShardClient:
     def __init__(self, handle: Any, partition: Partition) -> None:
         self.handle = handle
         self.partition = partition
+        self._p = partition.encode()  # what each call carries (Partition.encode)
 
     async def search(self, key: bytes, req: bytes | ObjectRef[bytes]) -> SearchResult:
         """``req`` from :func:`packed_for`."""
-        return unpack_result(await self.handle.search_packed.remote(self.partition, key, req))
+        return unpack_result(await self.handle.search_packed.remote(self._p, key, req))
 
     def upsert(self, key: bytes, batch: UpsertBatch) -> ObjectRef[ShardStats]:
-        return self.handle.upsert.remote(self.partition, key, batch)
+        return self.handle.upsert.remote(self._p, key, batch)
 
     def delete(self, key: bytes, ids: list[str]) -> ObjectRef[int]:
-        return self.handle.delete.remote(self.partition, key, ids)
+        return self.handle.delete.remote(self._p, key, ids)
 
     def get(
         self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> ObjectRef[Fetched]:
-        return self.handle.get.remote(self.partition, key, ids, vectors, metadata, contents)
+        return self.handle.get.remote(self._p, key, ids, vectors, metadata, contents)
 
     def list_ids(self, key: bytes) -> ObjectRef[list[str]]:
-        return self.handle.list_ids.remote(self.partition, key)
+        return self.handle.list_ids.remote(self._p, key)
 
     def match_ids(
         self,
@@ -160,13 +164,13 @@ class ShardClient:
         order_by: str | None,
         ascending: bool,
     ) -> ObjectRef[list[Any]]:
-        return self.handle.match_ids.remote(self.partition, key, node, limit, order_by, ascending)
+        return self.handle.match_ids.remote(self._p, key, node, limit, order_by, ascending)
 
     def stats(self, key: bytes, footprint: bool = False) -> ObjectRef[ShardStats]:
-        return self.handle.stats.remote(self.partition, key, footprint)
+        return self.handle.stats.remote(self._p, key, footprint)
 
     def sample(self, key: bytes, n: int, seed: int) -> ObjectRef[np.ndarray]:
-        return self.handle.sample.remote(self.partition, key, n, seed)
+        return self.handle.sample.remote(self._p, key, n, seed)
 
     def pool_stats(self) -> ObjectRef[PoolStats]:
         """The memory of the pool actor hosting the partition."""
@@ -180,17 +184,15 @@ class ShardClient:
         nprobe_table: tuple[tuple[int, int], ...],
         batch_size: int,
     ) -> ObjectRef[ShardStats]:
-        return self.handle.rebuild.remote(
-            self.partition, key, version, template, nprobe_table, batch_size
-        )
+        return self.handle.rebuild.remote(self._p, key, version, template, nprobe_table, batch_size)
 
     def begin_rotation(self, key: bytes, new_key: bytes, epoch: int) -> ObjectRef[None]:
         """Key rotation (actors.rotation): the partition's state sealed under ``new_key`` into
         key epoch ``epoch``, and every later write under both keys."""
-        return self.handle.begin_rotation.remote(self.partition, key, new_key, epoch)
+        return self.handle.begin_rotation.remote(self._p, key, new_key, epoch)
 
     def commit_rotation(self, epoch: int) -> ObjectRef[None]:
-        return self.handle.commit_rotation.remote(self.partition, epoch)
+        return self.handle.commit_rotation.remote(self._p, epoch)
 
     def abort_rotation(self, epoch: int) -> ObjectRef[None]:
-        return self.handle.abort_rotation.remote(self.partition, epoch)
+        return self.handle.abort_rotation.remote(self._p, epoch)

@@ -89,7 +89,8 @@ class ShardPool:
         ).start()
 
     # -- hosting ----------------------------------------------------------------------------
-    def _shard(self, p: Partition) -> Shard:
+    def _shard(self, partition: Partition | str) -> Shard:
+        p = Partition.of(partition)
         slot = (p.index_id, p.shard_no)
         shard = self._hosted.get(slot)
         if shard is not None:
@@ -139,25 +140,27 @@ class ShardPool:
         finally:
             self._idle.end(0)
 
-    def search(self, p: Partition, key: bytes, req: SearchRequest) -> SearchResult:
-        with self._call("search", p.shard_no):
-            return self._shard(p).search(key, req)
+    def search(self, p: Partition | str, key: bytes, req: SearchRequest) -> SearchResult:
+        part = Partition.of(p)
+        with self._call("search", part.shard_no):
+            return self._shard(part).search(key, req)
 
-    def search_packed(self, p: Partition, key: bytes, req: bytes) -> bytes:
-        with self._call("search", p.shard_no):
-            return pack(self._shard(p).search(key, unpack_request(req)))
+    def search_packed(self, p: Partition | str, key: bytes, req: bytes) -> bytes:
+        part = Partition.of(p)
+        with self._call("search", part.shard_no):
+            return pack(self._shard(part).search(key, unpack_request(req)))
 
-    def upsert(self, p: Partition, key: bytes, batch: UpsertBatch) -> ShardStats:
+    def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats:
         with self._call("upsert"):
             return self._shard(p).upsert(key, batch)
 
-    def delete(self, p: Partition, key: bytes, ids: list[str]) -> int:
+    def delete(self, p: Partition | str, key: bytes, ids: list[str]) -> int:
         with self._call("delete"):
             return self._shard(p).delete(key, ids)
 
     def get(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         ids: list[str],
         vectors: bool,
@@ -167,13 +170,13 @@ class ShardPool:
         with self._call("get"):
             return self._shard(p).get(key, ids, vectors, metadata, contents)
 
-    def list_ids(self, p: Partition, key: bytes) -> list[str]:
+    def list_ids(self, p: Partition | str, key: bytes) -> list[str]:
         with self._call("list_ids"):
             return self._shard(p).list_ids(key)
 
     def match_ids(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         node: FilterNode | None,
         limit: int | None,
@@ -183,17 +186,17 @@ class ShardPool:
         with self._call("match_ids"):
             return self._shard(p).match_ids(key, node, limit, order_by, ascending)
 
-    def stats(self, p: Partition, key: bytes, footprint: bool) -> ShardStats:
+    def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats:
         with self._call("stats"):
             return self._shard(p).stats(key, footprint)
 
-    def sample(self, p: Partition, key: bytes, n: int, seed: int) -> np.ndarray:
+    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> np.ndarray:
         with self._call("sample"):
             return self._shard(p).sample(key, n, seed)
 
     def rebuild(
         self,
-        p: Partition,
+        p: Partition | str,
         key: bytes,
         version: int,
         template: np.ndarray,
@@ -207,15 +210,15 @@ class ShardPool:
             return shard.rebuild(key, version, template, nprobe_table, batch_size)
 
     # -- key rotation (actors.rotation) ------------------------------------------------------
-    def begin_rotation(self, p: Partition, key: bytes, new_key: bytes, epoch: int) -> None:
+    def begin_rotation(self, p: Partition | str, key: bytes, new_key: bytes, epoch: int) -> None:
         with self._call("begin_rotation"):
             self._shard(p).begin_rotation(key, new_key, epoch)
 
-    def commit_rotation(self, p: Partition, epoch: int) -> None:
+    def commit_rotation(self, p: Partition | str, epoch: int) -> None:
         with self._call("commit_rotation"):
             self._shard(p).commit_rotation(epoch)
 
-    def abort_rotation(self, p: Partition, epoch: int) -> None:
+    def abort_rotation(self, p: Partition | str, epoch: int) -> None:
         with self._call("abort_rotation"):
             self._shard(p).abort_rotation(epoch)
 

@@ -136,6 +136,20 @@ class Partition:
     index_id: str
     shard_no: int
 
+    def encode(self) -> str:
+        """The form a call to a pool actor carries (:class:`actors.contract.ShardClient`): Ray
+        serializes a str argument for about 90 us less per call than a dataclass, counting
+        both ends (docs/performance.md)."""
+        return f"{self.shard_no}:{self.index_id}:{self.name}"
+
+    @staticmethod
+    def of(p: Partition | str) -> Partition:
+        """``p``, or the partition :meth:`encode` gave ``p``."""
+        if isinstance(p, Partition):
+            return p
+        shard_no, index_id, name = p.split(":", 2)
+        return Partition(name, index_id, int(shard_no))
+
 
 @dataclass(frozen=True)
 class UpsertBatch:

@@ -1,5 +1,6 @@
 """The gateway -> shard hop: a search request and its result passed to a Ray actor as frozen
-dataclasses (Ray's serializer) against the same objects pickled to bytes by hand, side by side.
+dataclasses (Ray's serializer) against the same objects pickled to bytes by hand, side by side;
+and the partition a call names, as the Partition dataclass against its encoded str.
 
 Run from the repository root: ``.venv/bin/python benchmarks/shard_hop.py``. Prints the p50 and
 mean round trip of each form for a single query and for a batch of 1,000, and their ratios.
@@ -17,7 +18,7 @@ import numpy as np
 import ray
 
 from actors.strings import StringBlock
-from actors.types import SearchRequest, SearchResult
+from actors.types import Partition, SearchRequest, SearchResult
 
 ROUNDS = 7
 
@@ -41,6 +42,11 @@ class Echo:
     def search_bytes(self, key: bytes, req: bytes) -> bytes:
         pickle.loads(req)
         return pickle.dumps(self.result, protocol=5)
+
+    def search_in(self, p: Partition | str, key: bytes, req: bytes) -> bytes:
+        """As a pool actor's search_packed: the partition named first."""
+        Partition.of(p)
+        return self.search_bytes(key, req)
 
 
 def request(nq: int, k: int, d: int = 128, nprobe: int = 8) -> SearchRequest:
@@ -82,6 +88,21 @@ def measure(nq: int, k: int, calls: int) -> tuple[list[float], list[float]]:
     return objects, raw
 
 
+def measure_partition(calls: int) -> tuple[list[float], list[float]]:
+    """A single query's call naming its partition as the dataclass, and as its encoded str."""
+    actor = Echo.remote(1, 10)  # type: ignore[attr-defined]
+    blob, key = pickle.dumps(request(1, 10), protocol=5), b"k" * 32
+    partition = Partition("an-index", "0123456789abcdef", 0)
+    dataclass, encoded = [], []
+    for _ in range(ROUNDS):
+        dataclass += timed(lambda: ray.get(actor.search_in.remote(partition, key, blob)), calls)
+        encoded += timed(
+            lambda: ray.get(actor.search_in.remote(partition.encode(), key, blob)), calls
+        )
+    ray.kill(actor)
+    return dataclass, encoded
+
+
 def main() -> None:
     ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
     print(f"{'request':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
@@ -96,6 +117,12 @@ def main() -> None:
             print(
                 f"{label:<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x"
             )
+    dataclass, encoded = measure_partition(300)
+    base = statistics.median(encoded)
+    print(f"\n{'1 query, partition':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
+    for form, xs in (("encoded str", encoded), ("dataclass", dataclass)):
+        p50 = statistics.median(xs)
+        print(f"{'':<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
     ray.shutdown()
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from actors import heap, persistence
 from actors import pool as pool_module
+from actors.contract import pack, unpack_result
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.placement import place
 from actors.pool import PoolOptions, ShardPool
@@ -191,3 +192,17 @@ def test_a_pool_gives_its_heap_back_once_quiet_after_calls_or_after_growing(
         p.housekeep()
         p.housekeep()
     assert len(trims) == 2
+
+
+def test_calls_may_name_their_partition_in_its_encoded_form(tmp_path: Path) -> None:
+    """ShardClient sends Partition.encode() (cheaper for Ray than the dataclass): the same
+    partition, whatever its index is called."""
+    p = pool(tmp_path)
+    a = catalogued(tmp_path, "tenant:a/1", "ida")
+    assert Partition.of(a.encode()) == a and Partition.of(a) is a
+    x = clustered(30, 8, seed=7)
+    p.upsert(a.encode(), KEY_A, batch(x, 0))
+    assert p.stats(a, KEY_A, False).count == 30  # the same partition either way
+    packed = p.search_packed(a.encode(), KEY_A, pack(one_list(x[:2])))
+    assert unpack_result(packed).ids.tolist() == p.search(a, KEY_A, one_list(x[:2])).ids.tolist()
+    assert p.pool_stats().partitions == 1
