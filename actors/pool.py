@@ -170,6 +170,18 @@ class ShardPool:
         with self._call("get"):
             return self._shard(p).get(key, ids, vectors, metadata, contents)
 
+    def get_packed(
+        self,
+        p: Partition | str,
+        key: bytes,
+        ids: list[str],
+        vectors: bool,
+        metadata: bool,
+        contents: bool,
+    ) -> bytes:
+        """:meth:`get`, pickled (actors.contract.PACKED_GET_IDS)."""
+        return pack(self.get(p, key, ids, vectors, metadata, contents))
+
     def list_ids(self, p: Partition | str, key: bytes) -> list[str]:
         with self._call("list_ids"):
             return self._shard(p).list_ids(key)

@@ -4,14 +4,17 @@ given back once the actor is quiet."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from actors import heap, persistence
 from actors import pool as pool_module
-from actors.contract import pack, unpack_result
+from actors.contract import PACKED_GET_IDS, ShardClient, pack, unpack_result
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.placement import place
 from actors.pool import PoolOptions, ShardPool
@@ -166,8 +169,13 @@ def test_a_pool_gives_its_heap_back_once_quiet_after_calls_or_after_growing(
     resident = [100 << 20]
     monkeypatch.setattr(pool_module, "HOUSEKEEPING_PERIOD_S", 3600.0)  # passes run here
     monkeypatch.setattr(heap, "resident_anon_bytes", lambda pid="self": resident[0])
-    # The shard's own tidy after writes trims with a collection first: not counted here.
-    monkeypatch.setattr(heap, "trim", lambda collect=False: collect or trims.append(collect))
+
+    def trim(collect: bool = False) -> bool:
+        if not collect:  # the shard's own tidy after writes collects first: not counted here
+            trims.append(collect)
+        return True
+
+    monkeypatch.setattr(heap, "trim", trim)
     p = pool(tmp_path)
     a = catalogued(tmp_path, "a", "ida")
     x = clustered(50, 8, seed=3)
@@ -206,3 +214,47 @@ def test_calls_may_name_their_partition_in_its_encoded_form(tmp_path: Path) -> N
     packed = p.search_packed(a.encode(), KEY_A, pack(one_list(x[:2])))
     assert unpack_result(packed).ids.tolist() == p.search(a, KEY_A, one_list(x[:2])).ids.tolist()
     assert p.pool_stats().partitions == 1
+
+
+class LocalHandle:
+    """A pool actor's handle in-process: ``handle.<call>.remote(...)`` is awaitable, and the
+    calls made are recorded."""
+
+    def __init__(self, target: ShardPool) -> None:
+        self.target = target
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        handle = self
+
+        class Method:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                handle.calls.append(name)
+
+                async def answer() -> Any:
+                    return getattr(handle.target, name)(*args)
+
+                return answer()
+
+        return Method
+
+
+def test_small_gets_come_back_packed_large_ones_as_they_are_with_the_same_answer(
+    tmp_path: Path,
+) -> None:
+    p = pool(tmp_path)
+    a = catalogued(tmp_path, "a", "ida")
+    n = PACKED_GET_IDS + 50
+    x = clustered(n, 8, seed=8)
+    p.upsert(a, KEY_A, batch(x, 0))
+    handle = LocalHandle(p)
+    client = ShardClient(handle, a)
+    for ids in ([f"id{i}" for i in range(5)] + ["missing"], [f"id{i}" for i in range(n)]):
+        got = asyncio.run(client.get(KEY_A, ids, True, True, True))
+        want = p.get(a, KEY_A, ids, True, True, True)
+        assert got.ids == want.ids and got.metadata == want.metadata
+        assert got.contents == want.contents
+        assert got.vectors is not None and want.vectors is not None
+        assert np.array_equal(got.vectors, want.vectors)
+    assert handle.calls == ["get_packed", "get"]
