@@ -1,6 +1,7 @@
 """The gateway -> shard hop: a search request and its result passed to a Ray actor as frozen
 dataclasses (Ray's serializer) against the same objects pickled to bytes by hand, side by side;
-and the partition a call names, as the Partition dataclass against its encoded str.
+the partition a call names, as the Partition dataclass against its encoded str; and a get's
+answer for one id, as the Fetched dataclass against it pickled.
 
 Run from the repository root: ``.venv/bin/python benchmarks/shard_hop.py``. Prints the p50 and
 mean round trip of each form for a single query and for a batch of 1,000, and their ratios.
@@ -18,7 +19,7 @@ import numpy as np
 import ray
 
 from actors.strings import StringBlock
-from actors.types import Partition, SearchRequest, SearchResult
+from actors.types import Fetched, Partition, SearchRequest, SearchResult
 
 ROUNDS = 7
 
@@ -42,6 +43,12 @@ class Echo:
     def search_bytes(self, key: bytes, req: bytes) -> bytes:
         pickle.loads(req)
         return pickle.dumps(self.result, protocol=5)
+
+    def get(self, p: str, key: bytes, ids: list[str]) -> Fetched:
+        return Fetched(ids, np.zeros((len(ids), 128), np.float32), [b'{"n":1}'], ["text"])
+
+    def get_packed(self, p: str, key: bytes, ids: list[str]) -> bytes:
+        return pickle.dumps(self.get(p, key, ids), protocol=5)
 
     def search_in(self, p: Partition | str, key: bytes, req: bytes) -> bytes:
         """As a pool actor's search_packed: the partition named first."""
@@ -103,6 +110,21 @@ def measure_partition(calls: int) -> tuple[list[float], list[float]]:
     return dataclass, encoded
 
 
+def measure_get(calls: int) -> tuple[list[float], list[float]]:
+    """A get of one id with its vector, metadata and contents: the Fetched dataclass back, and
+    the same pickled."""
+    actor = Echo.remote(1, 10)  # type: ignore[attr-defined]
+    p, key = Partition("an-index", "0123456789abcdef", 0).encode(), b"k" * 32
+    dataclass, packed = [], []
+    for _ in range(ROUNDS):
+        dataclass += timed(lambda: ray.get(actor.get.remote(p, key, ["id-1"])), calls)
+        packed += timed(
+            lambda: pickle.loads(ray.get(actor.get_packed.remote(p, key, ["id-1"]))), calls
+        )
+    ray.kill(actor)
+    return dataclass, packed
+
+
 def main() -> None:
     ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
     print(f"{'request':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
@@ -121,6 +143,12 @@ def main() -> None:
     base = statistics.median(encoded)
     print(f"\n{'1 query, partition':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
     for form, xs in (("encoded str", encoded), ("dataclass", dataclass)):
+        p50 = statistics.median(xs)
+        print(f"{'':<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
+    dataclass, packed = measure_get(300)
+    base = statistics.median(packed)
+    print(f"\n{'get of 1 id, answer':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
+    for form, xs in (("hand-pickled", packed), ("dataclass", dataclass)):
         p50 = statistics.median(xs)
         print(f"{'':<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
     ray.shutdown()
