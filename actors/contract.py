@@ -4,10 +4,11 @@ and the typed client through which the gateway and the control plane call one pa
 
 Every call names its partition (as :meth:`Partition.encode` gives it: a str, which Ray passes for
 less than the dataclass) and carries the index's data key; requests and answers are the frozen
-dataclasses of actors.types. One exception to passing them as objects: a search request
-and its result travel pickled to bytes (:func:`pack`), because Ray's serializer costs more for
-small numpy-carrying dataclasses than the pickling does (benchmarks/shard_hop.py: about 1.2x the
-round trip of a single query) and a fan-out then sends the same bytes to every shard.
+dataclasses of actors.types. The exceptions to passing them as objects: a search request and
+its result, and the answer to a get of a few ids, travel pickled to bytes (:func:`pack`),
+because Ray's serializer costs more for small numpy-carrying dataclasses than the pickling does
+(benchmarks/shard_hop.py: about 1.2x the round trip of a single query, 1.1x a get of one id),
+and a fan-out then sends the same bytes to every shard.
 """
 
 from __future__ import annotations

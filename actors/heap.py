@@ -123,8 +123,8 @@ class IdleTrim:
     steady load, never quiet that long, never waits for a trim. Thread-safe.
 
     A request calls :meth:`begin`, then :meth:`end` with the bytes it read; a mark from
-    :meth:`end` is checked with :meth:`due` ``quiet_s`` later, or a thread calls :meth:`poll`
-    every ``quiet_s``."""
+    :meth:`end` is checked with :meth:`due` ``quiet_s`` later. (A thread can instead ask
+    :meth:`quiet` every ``quiet_s``.)"""
 
     def __init__(self, after_bytes: int, quiet_s: float) -> None:
         self.after_bytes = after_bytes
@@ -134,8 +134,7 @@ class IdleTrim:
         self._begun = 0
         self._ended = 0
         self._read = 0
-        self._trimmed = (0, 0)  # (begun, ended) at the last trim
-        self._polled = (0, 0)  # ... and at the last poll
+        self._polled = (0, 0)  # (begun, ended) at the last call of quiet()
 
     def begin(self) -> None:
         with self._lock:
@@ -160,24 +159,16 @@ class IdleTrim:
             if self._begun != mark or self._in_flight or self._read < self.after_bytes:
                 return False
             self._read = 0
-            self._trimmed = (self._begun, self._ended)
             return True
 
-    def poll(self, grown: bool = False) -> bool:
-        """For a thread that calls this every ``quiet_s``: True, and the count restarted, when
-        no request began or ended since the previous poll, and requests ran since the last trim
-        or the caller saw its memory grow without them (``grown``)."""
+    def quiet(self) -> bool:
+        """For a thread that calls this every ``quiet_s``: True when no request is in flight and
+        none began or ended since the previous call."""
         with self._lock:
             now = (self._begun, self._ended)
             quiet = now == self._polled and not self._in_flight
             self._polled = now
-            if not quiet:
-                return False
-            if not grown and (now == self._trimmed or self._read < self.after_bytes):
-                return False
-            self._read = 0
-            self._trimmed = now
-            return True
+            return quiet
 
 
 def resident_anon_bytes(pid: int | str = "self") -> int | None:

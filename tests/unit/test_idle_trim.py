@@ -135,15 +135,12 @@ def test_garbage_left_in_cycles_is_collected_before_the_trim(
         gc.enable()
 
 
-def test_a_polling_thread_trims_after_a_whole_quiet_period_following_requests() -> None:
+def test_a_polling_thread_sees_quiet_only_after_a_whole_period_without_requests() -> None:
     idle = IdleTrim(0, quiet_s=1.0)
-    assert not idle.poll()  # nothing ran
+    assert idle.quiet()  # nothing ran
     idle.begin()
-    assert not idle.poll()  # one in flight
+    assert not idle.quiet()  # one began
+    assert not idle.quiet()  # ... and is still in flight
     assert idle.end(0) is not None
-    assert not idle.poll()  # it ended within this period
-    assert idle.poll()  # a whole period quiet after it
-    assert not idle.poll()  # nothing since the trim
-    assert idle.poll(grown=True)  # memory grew without requests: trim again, once quiet
-    idle.begin()
-    assert not idle.poll(grown=True)  # never while a request runs
+    assert not idle.quiet()  # it ended within this period
+    assert idle.quiet()  # a whole period without requests
