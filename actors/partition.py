@@ -61,8 +61,8 @@ MAX_NORM = float(np.sqrt(np.finfo(np.float32).max)) / 2  # ~9.2e18
 def too_large(x: np.ndarray) -> np.ndarray:
     """Row numbers of ``x`` that are not finite or whose norm exceeds MAX_NORM."""
     # Squared in place in a float64 copy, then summed. Not einsum: it takes 20 KB more of the
-    # calling thread's stack, and a shard's 32 call threads each keep what they touched
-    # resident (docs/performance.md, memory under churn).
+    # calling thread's stack, and each of a shard pool actor's call threads keeps what it
+    # touched resident (docs/performance.md, many indexes and churn).
     x64 = np.array(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.square(x64, out=x64)

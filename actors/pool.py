@@ -84,7 +84,8 @@ class ShardPool:
         # Free memory in the heap is given back once the actor goes quiet (housekeep): memory
         # follows the partitions. The calls in flight and since the last pass:
         self._idle = heap.IdleTrim(0, quiet_s=HOUSEKEEPING_PERIOD_S)
-        self._trimmed_at = heap.resident_anon_bytes() or 0  # private memory at the last trim
+        # Private memory after the last trim (or the least since, when it fell without one).
+        self._trimmed_at = heap.resident_anon_bytes() or 0
         threading.Thread(
             target=_housekeep, args=(weakref.ref(self),), name="vaultvec-housekeep", daemon=True
         ).start()
@@ -294,7 +295,11 @@ class ShardPool:
         if self.options.budget_bytes or self.options.idle_ttl_s:
             self.evict()
         quiet = self._idle.quiet()  # asked every pass, so that it spans a whole period
-        if quiet and (heap.resident_anon_bytes() or 0) > self._trimmed_at + TRIM_GROWTH_BYTES:
+        resident = heap.resident_anon_bytes() or 0
+        # Memory given back otherwise (eviction, a retired index, a shard's own trim) lowers
+        # the mark, so that growth is counted from there.
+        self._trimmed_at = min(self._trimmed_at, resident)
+        if quiet and resident > self._trimmed_at + TRIM_GROWTH_BYTES:
             heap.trim()
             self._trimmed_at = heap.resident_anon_bytes() or 0
 
@@ -338,7 +343,9 @@ class PoolMetrics:
     runs calls on several threads) and computed from its partitions when reported."""
 
     def __init__(self, pool: ShardPool) -> None:
-        self.pool = pool
+        # Not a reference that keeps the pool alive: the pool holds this, and a pool that is
+        # dropped (tests, tear-down) frees its partitions and ends its housekeeping at once.
+        self._pool = weakref.ref(pool)
         self.registry = m.Registry(threading.Lock())
         self.calls = self.registry.counter(
             "vaultvec_pool_calls_total", "partition calls answered by the shard pool", ("call",)
@@ -374,7 +381,9 @@ class PoolMetrics:
                 self.search_s.observe((str(shard_no),), elapsed)
 
     def collect(self) -> list[m.Family]:
-        pool = self.pool
+        pool = self._pool()
+        if pool is None:
+            return []
         hosted = list(pool._hosted.items())
         items: dict[str, float] = {}
         wal: dict[str, float] = {}
