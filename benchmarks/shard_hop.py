@@ -125,32 +125,35 @@ def measure_get(calls: int) -> tuple[list[float], list[float]]:
     return dataclass, packed
 
 
+def rows(label: str, forms: list[tuple[str, list[float]]]) -> None:
+    """One line per form: p50, mean, and p50 over the first form's p50."""
+    base = statistics.median(forms[0][1])
+    for form, xs in forms:
+        p50 = statistics.median(xs)
+        print(f"{label:<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
+
+
+def header(first: str) -> None:
+    print(f"{first:<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
+
+
 def main() -> None:
     ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
-    print(f"{'request':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
+    header("request")
     for label, nq, k, calls in (
         ("1 query, k=10", 1, 10, 300),
         ("1,000 queries, k=10", 1000, 10, 20),
     ):
         objects, raw = measure(nq, k, calls)
-        base = statistics.median(raw)
-        for form, xs in (("hand-pickled", raw), ("dataclasses", objects)):
-            p50 = statistics.median(xs)
-            print(
-                f"{label:<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x"
-            )
+        rows(label, [("hand-pickled", raw), ("dataclasses", objects)])
     dataclass, encoded = measure_partition(300)
-    base = statistics.median(encoded)
-    print(f"\n{'1 query, partition':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
-    for form, xs in (("encoded str", encoded), ("dataclass", dataclass)):
-        p50 = statistics.median(xs)
-        print(f"{'':<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
+    print()
+    header("1 query, partition")
+    rows("", [("encoded str", encoded), ("dataclass", dataclass)])
     dataclass, packed = measure_get(300)
-    base = statistics.median(packed)
-    print(f"\n{'get of 1 id, answer':<22}{'form':<14}{'p50 ms':>9}{'mean ms':>9}{'ratio p50':>11}")
-    for form, xs in (("hand-pickled", packed), ("dataclass", dataclass)):
-        p50 = statistics.median(xs)
-        print(f"{'':<22}{form:<14}{p50:>9.3f}{statistics.fmean(xs):>9.3f}{p50 / base:>10.2f}x")
+    print()
+    header("get of 1 id, answer")
+    rows("", [("hand-pickled", packed), ("dataclass", dataclass)])
     ray.shutdown()
 
 
