@@ -11,8 +11,14 @@ API key), waits for /v1/health, then measures every process of the service after
 
 The processes are the CLI's process tree and every process of the Ray session it started (Ray's
 daemons and workers, found by the session's temp dir in their command line or environment, and
-their children). Each process's RSS and PSS come from /proc/<pid>/smaps_rollup: RSS counts a
-shared page in every process that maps it, PSS splits it between them, so PSS is the fair sum.
+their children). Each process's RSS and PSS come from /proc/<pid>/smaps: RSS counts a shared
+page in every process that maps it, PSS splits it between them, so PSS is the fair sum.
+
+Ray's object store is one shared-memory file that every Ray process maps. A page of it that an
+object once used stays allocated after the object is freed, mapped or not: in a process's PSS
+only while that process has it mapped, and in nobody's once no process does. So the processes'
+rows leave their share of the store out, and the store is a row of its own: the pages its file
+holds (counted once, whoever maps them).
 
     flock /tmp/vaultvec-ray.lock .venv/bin/python benchmarks/footprint.py [--large] [--check]
 
@@ -73,13 +79,15 @@ KINDS = (
     ("ray::Shard", "vaultvec: shards"),
     ("ray::IDLE", "ray: idle workers"),
 )
+STORE_FILE = "/plasma"  # Ray's object store: /dev/shm/plasma<random> (deleted once mapped)
+STORE_KIND = "ray: object store (pages in use)"
 
 
 @dataclass(frozen=True)
 class Proc:
     pid: int
     kind: str
-    rss: int  # bytes
+    rss: int  # bytes, Ray's object store left out
     pss: int
     torch: bool  # libtorch mapped
 
@@ -142,13 +150,34 @@ def kind_of(pid: int, cli_pid: int) -> str:
 
 
 def memory(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) in bytes from smaps_rollup; (0, 0) when the process is gone."""
-    values = {}
-    for line in read(f"/proc/{pid}/smaps_rollup").splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in ("Rss:", "Pss:"):
-            values[parts[0]] = int(parts[1]) * 1024
-    return values.get("Rss:", 0), values.get("Pss:", 0)
+    """(RSS, PSS) in bytes from smaps, without the mappings of Ray's object store; (0, 0) when
+    the process is gone."""
+    rss = pss = 0
+    store = False
+    for line in read(f"/proc/{pid}/smaps").splitlines():
+        head = line.split(maxsplit=1)[0] if line else ""
+        if not head.endswith(":"):  # a mapping's first line: range, perms, offset, dev, inode, path
+            store = STORE_FILE in line
+        elif not store and head in ("Rss:", "Pss:"):
+            kb = int(line.split()[1]) * 1024
+            if head == "Rss:":
+                rss += kb
+            else:
+                pss += kb
+    return rss, pss
+
+
+def store_bytes(procs: Iterable[int]) -> int:
+    """The pages Ray's object store file holds (tmpfs allocates a page when it is first
+    written), read through a process that keeps it open (the raylet); 0 when none is found."""
+    for pid in procs:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                path = f"/proc/{pid}/fd/{fd}"
+                with contextlib.suppress(OSError):
+                    if STORE_FILE in os.readlink(path):
+                        return os.stat(path).st_blocks * 512
+    return 0
 
 
 def maps_torch(pid: int) -> bool:
@@ -157,10 +186,15 @@ def maps_torch(pid: int) -> bool:
 
 def snapshot(cli_pid: int, ray_tmp: str) -> list[Proc]:
     procs = []
-    for pid in sorted(service_pids(cli_pid, ray_tmp)):
+    pids = sorted(service_pids(cli_pid, ray_tmp))
+    for pid in pids:
         rss, pss = memory(pid)
         if rss:
             procs.append(Proc(pid, kind_of(pid, cli_pid), rss, pss, maps_torch(pid)))
+    raylets = [p.pid for p in procs if p.kind == "ray: raylet"]
+    held = store_bytes(raylets)
+    if held:
+        procs.append(Proc(0, STORE_KIND, held, held, False))
     return procs
 
 
@@ -313,6 +347,10 @@ def cell(entry: tuple[int, int, int] | None) -> str:
     return f"{rss / MB:,.0f} / {pss / MB:,.0f}{count}"
 
 
+def processes(procs: list[Proc]) -> int:
+    return sum(p.pid != 0 for p in procs)
+
+
 def table(scenarios: dict[str, list[Proc]]) -> str:
     kinds = sorted({p.kind for procs in scenarios.values() for p in procs})
     grouped = {name: by_kind(procs) for name, procs in scenarios.items()}
@@ -322,7 +360,8 @@ def table(scenarios: dict[str, list[Proc]]) -> str:
         cells = [cell(grouped[name].get(kind)) for name in scenarios]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     totals = [
-        cell((len(p), sum(x.rss for x in p), sum(x.pss for x in p))) for p in scenarios.values()
+        cell((processes(p), sum(x.rss for x in p), sum(x.pss for x in p)))
+        for p in scenarios.values()
     ]
     lines.append("| **total** | " + " | ".join(totals) + " |")
     torch = [str(sum(p.torch for p in procs)) for procs in scenarios.values()]
@@ -340,7 +379,7 @@ def bars(scenarios: dict[str, list[Proc]]) -> list[tuple[str, bool]]:
     met = [
         (
             f"idle PSS ≤ {IDLE_BAR_MB:,} MB: {pss:,.0f} MB "
-            f"(RSS summed {rss:,.0f} MB, {len(idle)} processes)",
+            f"(RSS summed {rss:,.0f} MB, {processes(idle)} processes)",
             pss <= IDLE_BAR_MB,
         ),
         (f"no libtorch before the first text request: {torch} processes map it", torch == 0),
