@@ -9,12 +9,20 @@ its result, and the answer to a get of a few ids, travel pickled to bytes (:func
 because Ray's serializer costs more for small numpy-carrying dataclasses than the pickling does
 (benchmarks/shard_hop.py: about 1.2x the round trip of a single query, 1.1x a get of one id),
 and a fan-out then sends the same bytes to every shard.
+
+Bulk data (an upsert's items, a training sample) crosses in pieces of at most
+:data:`CALL_BYTES`, each inside its call. Through Ray's object store, an ingest's batches and a
+training's sample left the store's shared memory holding as many pages as they had used: the
+store does not give freed pages back, and a 100k x 128 ingest and training left 66 MB of them
+(docs/performance.md, Footprint).
 """
 
 from __future__ import annotations
 
+import asyncio
 import pickle
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import ray
@@ -78,7 +86,7 @@ class ShardCalls(Protocol):
 
     def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats: ...
 
-    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> np.ndarray: ...
+    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> Iterator[np.ndarray]: ...
 
     def rebuild(
         self,
@@ -107,11 +115,20 @@ class ShardCalls(Protocol):
     def ping(self) -> str: ...
 
 
+B = TypeVar("B", bytes, np.ndarray)
+
 # A large request sent to several shards is put in Ray's object store once and every shard gets
 # the reference; passed by value, each call carries (or stores) its own copy. With the inline
 # limit vaultvec serve sets (1 MiB, cluster/fastpath.py), to 2 no-op actors: 300 KB by value
 # 1.6 ms against 2.2 ms put once, 640 KB by value 2.6-2.9 ms against 2.2-2.4 ms.
 SHARED_ARG_BYTES = 512 << 10
+
+
+# The most bulk data one call carries (an upsert's piece, a piece of a training sample): under
+# the 1 MiB that vaultvec runs Ray with (cluster/fastpath.py) with room for the call's own
+# framing, so that Ray passes it inside the call, never through its object store.
+CALL_BYTES = 768 << 10
+UPSERT_PIECES_IN_FLIGHT = 2
 
 
 # A get of up to this many ids comes back pickled to bytes (ShardPool.get_packed): Ray passes
@@ -143,18 +160,65 @@ def unpack_fetched(blob: bytes) -> Fetched:
 
 
 def packed_for(req: SearchRequest, n_calls: int) -> bytes | ObjectRef[bytes]:
-    """``req`` packed once for ``n_calls`` shards: the bytes, or a reference to one stored copy
-    when large and sent more than once (Ray resolves it before the shard's method runs)."""
-    blob = pack(req)
-    if n_calls > 1 and len(blob) >= SHARED_ARG_BYTES:
+    """``req`` packed once for ``n_calls`` shards (:func:`shared`)."""
+    return shared(pack(req), n_calls)
+
+
+def shared(blob: B, n_calls: int) -> B | ObjectRef[B]:
+    """What ``n_calls`` calls will carry: ``blob`` itself, or a reference to one stored copy
+    when it is large and sent more than once (Ray resolves it before the method runs)."""
+    size = len(blob) if isinstance(blob, bytes) else blob.nbytes
+    if n_calls > 1 and size >= SHARED_ARG_BYTES:
         return ray.put(blob)
     return blob
+
+
+def row_bytes(batch: UpsertBatch) -> np.ndarray:
+    """Each item's share of the batch's serialised size: its vector (and norm), id, metadata
+    and contents, plus what pickling adds per value."""
+    n = len(batch.ids)
+    per = batch.vectors.shape[1] * batch.vectors.itemsize + (4 if batch.norms is not None else 0)
+    size = np.full(n, per + 24, dtype=np.int64)
+    size += np.fromiter(map(len, batch.ids), dtype=np.int64, count=n)
+    size += np.fromiter((len(m) if m else 0 for m in batch.metadata), dtype=np.int64, count=n)
+    if any(batch.contents):
+        size += np.fromiter(
+            (len(c.encode()) if c else 0 for c in batch.contents), dtype=np.int64, count=n
+        )
+    return size
+
+
+def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> list[UpsertBatch]:
+    """``batch`` cut into consecutive runs of items of at most ``limit`` bytes together (an
+    item larger than that goes alone); the batch itself when it fits."""
+    n = len(batch.ids)
+    if n <= 1:
+        return [batch]
+    ends = np.cumsum(row_bytes(batch))
+    if ends[-1] <= limit:
+        return [batch]
+    out, start = [], 0
+    while start < n:
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + limit, side="right")))
+        out.append(batch.rows(start, stop))
+        start = stop
+    return out
+
+
+def chunks(x: np.ndarray, limit: int = CALL_BYTES) -> Iterator[np.ndarray]:
+    """The rows of ``x`` in consecutive runs of at most ``limit`` bytes (at least one row each;
+    an empty ``x`` once)."""
+    step = max(1, limit // max(1, x[:1].nbytes))
+    for start in range(0, max(len(x), 1), step):
+        yield x[start : start + step]
 
 
 class ShardClient:
     """Typed calls to one partition on the pool actor hosting it. Each method returns the
     call's ObjectRef (await it in the gateway, ``ray.get`` it in the control plane) except
-    :meth:`search` and :meth:`get`, which await and unpack."""
+    :meth:`search`, :meth:`get` and :meth:`upsert`, which await (and unpack), and
+    :meth:`sample`, which streams."""
 
     def __init__(self, handle: Any, partition: Partition) -> None:
         self.handle = handle
@@ -165,8 +229,25 @@ class ShardClient:
         """``req`` from :func:`packed_for`."""
         return unpack_result(await self.handle.search_packed.remote(self._p, key, req))
 
-    def upsert(self, key: bytes, batch: UpsertBatch) -> ObjectRef[ShardStats]:
-        return self.handle.upsert.remote(self._p, key, batch)
+    async def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
+        """The batch in :func:`pieces`, one call each, two under way at a time (the next
+        crosses while the shard writes one; more would only hold more of the pool actor's
+        threads waiting for the partition's write lock). Awaited: the partition's state after
+        the last piece applied. A failure may leave other pieces written; an upsert is safe
+        to repeat (the items of one request have distinct ids, so their order is free)."""
+        parts = pieces(batch)
+        if len(parts) == 1:
+            stats: ShardStats = await self.handle.upsert.remote(self._p, key, batch)
+            return stats
+        window = asyncio.Semaphore(UPSERT_PIECES_IN_FLIGHT)
+
+        async def send(piece: UpsertBatch) -> ShardStats:
+            async with window:
+                answer: ShardStats = await self.handle.upsert.remote(self._p, key, piece)
+                return answer
+
+        done = await asyncio.gather(*(send(piece) for piece in parts))
+        return max(done, key=lambda st: (st.version, st.count))
 
     def delete(self, key: bytes, ids: list[str]) -> ObjectRef[int]:
         return self.handle.delete.remote(self._p, key, ids)
@@ -201,8 +282,10 @@ class ShardClient:
     def stats(self, key: bytes, footprint: bool = False) -> ObjectRef[ShardStats]:
         return self.handle.stats.remote(self._p, key, footprint)
 
-    def sample(self, key: bytes, n: int, seed: int) -> ObjectRef[np.ndarray]:
-        return self.handle.sample.remote(self._p, key, n, seed)
+    def sample(self, key: bytes, n: int, seed: int) -> Any:
+        """Up to ``n`` live vectors for training, as Ray's generator of references to their
+        :func:`chunks` (``ray.get`` each and concatenate)."""
+        return self.handle.sample.options(num_returns="streaming").remote(self._p, key, n, seed)
 
     def pool_stats(self) -> ObjectRef[PoolStats]:
         """The memory of the pool actor hosting the partition."""

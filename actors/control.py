@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors import heap, persistence, rotation
-from actors.contract import ShardClient
+from actors.contract import ShardClient, shared
 from actors.cpus import node_cpus
 from actors.crypto import fingerprint
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
@@ -388,13 +388,13 @@ class ControlPlane:
         if n_lists > total:
             raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
         size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
-        parts = ray.get(
-            [
-                sh.sample(key, math.ceil(size * c / total) + 1, seed)
-                for seed, (sh, c) in enumerate(zip(shards, counts))
-            ]
-        )
-        sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32)
+        streams = [
+            sh.sample(key, math.ceil(size * c / total) + 1, seed)
+            for seed, (sh, c) in enumerate(zip(shards, counts))
+        ]
+        parts = [ray.get(ref) for stream in streams for ref in stream]
+        sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32, copy=False)
+        del parts
         template = train_template(
             sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params, sq_bits=cfg.sq_bits
         )
@@ -409,7 +409,7 @@ class ControlPlane:
         )
         blob = serialize(template)
         persistence.write_template(self.store, key, new_cfg, blob)
-        ref = ray.put(blob)
+        ref = shared(blob, len(shards))
         ray.get(
             [
                 sh.rebuild(key, new_cfg.version, ref, table, params.batch_size or 65536)

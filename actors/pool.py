@@ -28,7 +28,7 @@ import ray
 
 from actors import heap, persistence
 from actors import metrics as m
-from actors.contract import ShardCalls, pack, unpack_request
+from actors.contract import ShardCalls, chunks, pack, unpack_request
 from actors.cpus import node_cpus
 from actors.errors import IndexRetired
 from actors.filters import FilterNode
@@ -204,9 +204,12 @@ class ShardPool:
         with self._call("stats"):
             return self._shard(p).stats(key, footprint)
 
-    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> np.ndarray:
+    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> Iterator[np.ndarray]:
+        """The partition's training sample in :func:`~actors.contract.chunks`: a Ray
+        generator, each piece passed inside Ray's calls rather than through its object store."""
         with self._call("sample"):
-            return self._shard(p).sample(key, n, seed)
+            x = self._shard(p).sample(key, n, seed)
+        yield from chunks(x)
 
     def rebuild(
         self,

@@ -159,6 +159,16 @@ class UpsertBatch:
     metadata: tuple[bytes | None, ...]  # orjson-encoded metadata documents
     contents: tuple[str | None, ...]
 
+    def rows(self, start: int, stop: int) -> UpsertBatch:
+        """Items ``start`` to ``stop`` (the arrays as views)."""
+        return UpsertBatch(
+            ids=self.ids[start:stop],
+            vectors=self.vectors[start:stop],
+            norms=None if self.norms is None else self.norms[start:stop],
+            metadata=self.metadata[start:stop],
+            contents=self.contents[start:stop],
+        )
+
 
 @dataclass(frozen=True)
 class SearchRequest:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import pickle
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +17,21 @@ import pytest
 
 from actors import heap, persistence
 from actors import pool as pool_module
-from actors.contract import PACKED_GET_IDS, ShardClient, pack, unpack_result
+from actors.contract import (
+    CALL_BYTES,
+    PACKED_GET_IDS,
+    ShardClient,
+    chunks,
+    pack,
+    pieces,
+    unpack_result,
+)
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.placement import place
 from actors.pool import PoolOptions, ShardPool
 from actors.store import open_store
-from actors.types import IndexMeta, Partition
+from actors.types import IndexMeta, Partition, UpsertBatch
+from cluster import fastpath
 from tests.helpers import clustered
 from tests.unit.test_shard import batch, exact_ids, one_list
 
@@ -244,6 +255,10 @@ class LocalHandle:
 
                 return answer()
 
+            @staticmethod
+            def options(**_: Any) -> Any:
+                return Method
+
         return Method
 
 
@@ -265,3 +280,63 @@ def test_small_gets_come_back_packed_large_ones_as_they_are_with_the_same_answer
         assert got.vectors is not None and want.vectors is not None
         assert np.array_equal(got.vectors, want.vectors)
     assert handle.calls == ["get_packed", "get"]
+
+
+def test_pieces_cover_the_batch_in_order_each_small_enough_to_pass_inside_a_call() -> None:
+    """An upsert crosses to its shard in pieces that Ray passes inside the call (under the
+    inline limit vaultvec runs Ray with), never through its object store."""
+    inline = int(fastpath.ENV["RAY_max_direct_call_object_size"])
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9_000, 64)).astype(np.float32)
+    long_text = "é" * 300_000  # 600 KB of UTF-8 in 300,000 characters
+    contents = tuple(long_text if i in (10, 11, 5_000) else f"t{i}" for i in range(len(x)))
+    big = UpsertBatch(
+        tuple(f"item-{i}" for i in range(len(x))),
+        x,
+        rng.random(len(x)).astype(np.float32),
+        tuple(orjson_doc(i) for i in range(len(x))),
+        contents,
+    )
+    parts = pieces(big)
+    assert len(parts) > 3
+    assert tuple(i for p in parts for i in p.ids) == big.ids
+    assert tuple(c for p in parts for c in p.contents) == big.contents
+    np.testing.assert_array_equal(np.concatenate([p.vectors for p in parts]), x)
+    assert big.norms is not None
+    np.testing.assert_array_equal(np.concatenate([p.norms for p in parts]), big.norms)
+    for part in parts:  # as Ray serialises it: pickled, the arrays out of band
+        buffers: list[pickle.PickleBuffer] = []
+        size = len(pickle.dumps(part, protocol=5, buffer_callback=buffers.append))
+        assert size + sum(b.raw().nbytes for b in buffers) < inline, len(part.ids)
+    small = big.rows(100, 200)
+    assert [p.ids for p in pieces(small)] == [small.ids]
+    # an item larger than a call goes alone; the rest still go together
+    three = big.rows(0, 3)
+    huge = replace(three, contents=("x" * (2 * CALL_BYTES), "a", "b"))
+    assert [p.ids for p in pieces(huge)] == [("item-0",), ("item-1", "item-2")]
+    huge = replace(three, contents=("a", "x" * (2 * CALL_BYTES), "b"))
+    assert [p.ids for p in pieces(huge)] == [("item-0",), ("item-1",), ("item-2",)]
+
+
+def orjson_doc(i: int) -> bytes:
+    return b'{"n":%d,"tag":"%s"}' % (i, b"ab" * (i % 50))
+
+
+def test_a_large_upsert_goes_in_pieces_and_the_training_sample_in_chunks(tmp_path: Path) -> None:
+    p = pool(tmp_path)
+    a = catalogued(tmp_path, "a", "ida")
+    x = clustered(6_000, 64, seed=9)  # 1.5 MB of vectors
+    handle = LocalHandle(p)
+    client = ShardClient(handle, a)
+    stats = asyncio.run(client.upsert(KEY_A, batch(x, 0)))
+    assert stats.count == 6_000 and handle.calls.count("upsert") >= 2
+    got = p.get(a, KEY_A, ["id0", "id2999", "id5999"], True, True, True)
+    assert got.vectors is not None
+    np.testing.assert_array_equal(got.vectors, x[[0, 2999, 5999]])
+    assert got.contents == ["text 0", "text 2999", "text 5999"]
+
+    streamed = list(p.sample(a, KEY_A, 5_000, seed=3))
+    assert len(streamed) >= 2 and all(c.nbytes <= CALL_BYTES for c in streamed)
+    whole = p._shard(a).sample(KEY_A, 5_000, seed=3)
+    np.testing.assert_array_equal(np.concatenate(streamed), whole)
+    assert [len(c) for c in chunks(np.zeros((0, 0), np.float32))] == [0]
