@@ -6,6 +6,7 @@ Frozen dataclasses holding numpy arrays; never an HTTP request object.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -220,9 +221,9 @@ def probe_slack(
     """(slack, calibrated slack, bucket) for a query whose filter matches ``selectivity`` of
     the items: the calibrated slack interpolated on log10(selectivity) between the unfiltered
     one (1) and the 10% one (0.1, and below), times the gateway's scale for its bucket."""
-    w = float(np.clip(-np.log10(max(selectivity, 1e-12)), 0.0, 1.0))
+    w = min(max(-math.log10(max(selectivity, 1e-12)), 0.0), 1.0)
     a, b = slacks
-    base = float(np.exp((1 - w) * np.log(max(a, 1e-12)) + w * np.log(max(b, 1e-12))))
+    base = math.exp((1 - w) * math.log(max(a, 1e-12)) + w * math.log(max(b, 1e-12)))
     bucket = 0 if selectivity >= BROAD else 1 if selectivity >= SELECTIVE else 2
     return base * scales[bucket], base, bucket
 

@@ -14,6 +14,7 @@ from actors.partition import (
     MAX_NORM,
     PartitionIndex,
     locality_order,
+    merge_topk,
     principal_rank,
     serialize,
     too_large,
@@ -149,3 +150,18 @@ def test_too_large_flags_exactly_the_rows_whose_norm_exceeds_max_norm_or_is_not_
     x64 = x.astype(np.float64)
     assert too_large(x64).tolist() == expected
     assert np.array_equal(x64, x.astype(np.float64), equal_nan=True)  # squared in a copy
+
+
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_one_query_merges_as_its_row_of_a_batch(k: int) -> None:
+    """merge_topk of one row (a lone query's two passes) takes its own path: the same top-k,
+    ties included, as that row merged in a batch."""
+    rng = np.random.default_rng(k)
+    parts_d = [rng.integers(0, 6, (40, w)).astype(np.float32) for w in (k, 7, 3)]
+    parts_d[1][::5] = np.inf
+    parts_l = [rng.integers(-1, 1000, d.shape) for d in parts_d]
+    batch_d, batch_l = merge_topk(parts_d, parts_l, k)
+    for i in range(40):
+        d, lab = merge_topk([p[i : i + 1] for p in parts_d], [p[i : i + 1] for p in parts_l], k)
+        np.testing.assert_array_equal(d[0], batch_d[i])
+        np.testing.assert_array_equal(lab[0], batch_l[i])

@@ -125,6 +125,26 @@ def test_column_matches_a_dict(ops: list[tuple[str, list[str]]]) -> None:
         assert col.live == sum(len(v.encode()) for v in model.values())
 
 
+@settings(max_examples=60)
+@given(st.lists(ENTRY, min_size=1, max_size=30), st.data())
+def test_a_few_labels_gather_as_many_do(values: list[str | None], data: st.DataObject) -> None:
+    """A single query's ids are read one by one (StringColumn._get_few): the same block, byte
+    for byte, as the vectorised gather of many labels, with -1 and cleared labels as None."""
+    col = StringColumn()
+    col.set(np.arange(len(values)), [v if v is not None else "" for v in values])
+    col.clear(np.array([i for i, v in enumerate(values) if v is None], dtype=np.int64))
+    shape = data.draw(st.sampled_from([(10,), (1, 10), (2, 5), (0,), (1, 0)]))
+    size = int(np.prod(shape))
+    picks = data.draw(st.lists(st.integers(-1, len(values) - 1), min_size=size, max_size=size))
+    labels = np.array(picks, dtype=np.int64).reshape(shape)
+    few = col.get(labels)
+    many = col.get(np.tile(labels.ravel(), 8))  # past SMALL_GET: the vectorised gather
+    assert few.shape == labels.shape and few.lens.dtype == np.int32
+    assert few.flat() == many.flat()[:size] == [values[p] if p >= 0 else None for p in picks]
+    assert few.blob.tobytes() == many.blob.tobytes()[: len(few.blob)]
+    few.blob[:0] = 0  # writable, as a gather's is
+
+
 def test_compaction_gives_back_the_bytes_of_cleared_labels() -> None:
     col = StringColumn()
     n = 50_000
