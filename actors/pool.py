@@ -28,7 +28,7 @@ import ray
 
 from actors import heap, persistence
 from actors import metrics as m
-from actors.contract import ShardCalls, chunks, pack, unpack_request
+from actors.contract import ShardCalls, chunks, pack, unframe, unpack_request
 from actors.cpus import node_cpus
 from actors.errors import IndexRetired
 from actors.filters import FilterNode
@@ -152,6 +152,11 @@ class ShardPool:
         with self._call("search", part.shard_no):
             return pack(self._shard(part).search(key, unpack_request(req)))
 
+    def search_framed(self, call: bytes) -> bytes:
+        """:meth:`search_packed` of its arguments in one frame (actors.contract.frame)."""
+        p, key, req = unframe(call)
+        return self.search_packed(p, key, req)
+
     def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats:
         with self._call("upsert"):
             return self._shard(p).upsert(key, batch)
@@ -172,16 +177,9 @@ class ShardPool:
         with self._call("get"):
             return self._shard(p).get(key, ids, vectors, metadata, contents)
 
-    def get_packed(
-        self,
-        p: Partition | str,
-        key: bytes,
-        ids: list[str],
-        vectors: bool,
-        metadata: bool,
-        contents: bool,
-    ) -> bytes:
-        """:meth:`get`, pickled (actors.contract.PACKED_GET_IDS)."""
+    def get_packed(self, call: bytes) -> bytes:
+        """:meth:`get` of its arguments in one frame, pickled (actors.contract.PACKED_GET_IDS)."""
+        p, key, ids, vectors, metadata, contents = unframe(call)
         return pack(self.get(p, key, ids, vectors, metadata, contents))
 
     def list_ids(self, p: Partition | str, key: bytes) -> list[str]:
