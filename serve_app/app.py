@@ -18,7 +18,7 @@ from actors.cpus import node_cpus
 from serve_app import __version__, arrays, docs, errors, metrics
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
-from serve_app.http import ApiKeyGate, configure_replica, counted_call
+from serve_app.http import ApiKeyGate, DirectRoutes, configure_replica, counted_call
 from serve_app.models import ErrorResponse
 from serve_app.routes import arrays as array_routes
 from serve_app.routes import health, indexes, vectors
@@ -51,6 +51,8 @@ def create_app() -> FastAPI:
         app.include_router(router, prefix="/v1")
     errors.install(app)
     docs.install(app)
+    # Inside the gate: the hottest routes answered without FastAPI's request handling.
+    app.add_middleware(DirectRoutes, routes=vectors.DIRECT)
     # The API key (then the JSON content type) is checked before anything reads the body.
     app.add_middleware(
         ApiKeyGate,

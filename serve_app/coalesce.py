@@ -23,6 +23,10 @@ class Coalescer(Generic[In, Out]):
 
     ``wait_s``: when ``run`` is idle, how long a new request waits for company before its
     batch starts (0 = at once). A failing ``run`` fails every request of that batch only.
+
+    With ``wait_s`` 0, a request that finds nothing waiting and a run free goes alone, in its
+    caller's task: no worker task and no future for the lone request of a quiet service (its
+    run ends if its caller is cancelled, as nobody else is in it).
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class Coalescer(Generic[In, Out]):
         self.on_idle = on_idle  # called when the last run ends with nothing waiting
         self._pending: list[tuple[In, asyncio.Future[Out]]] = []
         self._workers: set[asyncio.Task[None]] = set()
+        self._alone = 0  # lone requests running in their callers' tasks
 
     @property
     def idle(self) -> bool:
@@ -52,21 +57,44 @@ class Coalescer(Generic[In, Out]):
 
     def _running(self) -> int:
         # A finished worker leaves the set by a callback, a loop turn after it is done.
-        return sum(not w.done() for w in self._workers)
+        return self._alone + sum(not w.done() for w in self._workers)
 
     async def submit(self, item: In) -> Out:
+        if self.wait_s <= 0 and not self._pending and self._running() < self.concurrency:
+            return await self._run_alone(item)
         future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._running() < self.concurrency:
-            worker = asyncio.create_task(self._drain())
-            self._workers.add(worker)
-            worker.add_done_callback(self._finished)
+            self._start_worker()
         return await future
+
+    async def _run_alone(self, item: In) -> Out:
+        self._alone += 1
+        try:
+            results = await self._run([item])
+        finally:
+            self._alone -= 1
+            self._ended()
+        if len(results) != 1:
+            raise RuntimeError(f"{len(results)} results for a batch of 1")
+        return results[0]
+
+    def _start_worker(self) -> None:
+        worker = asyncio.create_task(self._drain())
+        self._workers.add(worker)
+        worker.add_done_callback(self._finished)
 
     def _finished(self, worker: asyncio.Task[None]) -> None:
         self._workers.discard(worker)
-        if self.on_idle is not None and self.idle:
-            self.on_idle()
+        self._ended()
+
+    def _ended(self) -> None:
+        """A run ended: what arrived meanwhile gets a worker if none took it; else, with
+        nothing waiting or running, the batcher is idle."""
+        if self._pending and self._running() < self.concurrency:
+            self._start_worker()
+        elif self.on_idle is not None and not (self._pending or self._workers or self._alone):
+            self.on_idle()  # once: a worker done but not yet called back is still in the set
 
     async def _drain(self) -> None:
         if self.wait_s > 0:

@@ -138,6 +138,19 @@ async def retry_stale(run: Callable[[], Awaitable[T]]) -> T:
         return await run()
 
 
+_TIMEOUT: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``await awaitable``, or asyncio.TimeoutError after ``seconds``. On Python 3.11+ without
+    the task that ``asyncio.wait_for`` wraps a coroutine in (a task costs a single query a turn
+    of the event loop more)."""
+    if _TIMEOUT is None:
+        return await asyncio.wait_for(awaitable, seconds)
+    async with _TIMEOUT(seconds):
+        return await awaitable
+
+
 def unwrap(exc: BaseException) -> BaseException:
     if isinstance(exc, RayTaskError) and exc.cause is not None:
         return exc.cause
@@ -250,7 +263,7 @@ class Engine:
             client = cv.shards[s]
             for attempt in range(attempts):
                 try:
-                    return await asyncio.wait_for(make(client), self.timeout_s)
+                    return await within(make(client), self.timeout_s)
                 except asyncio.TimeoutError:
                     raise Unavailable(
                         f"shard {s} of index {cv.view.meta.name!r} did not answer within "
@@ -273,6 +286,8 @@ class Engine:
                     await asyncio.sleep(self.retry_backoff_s * (2**attempt))
             raise Unavailable()
 
+        if len(calls) == 1:  # one shard: no task for gather to wrap it in
+            return [await one(*calls[0])]
         return await asyncio.gather(*(one(s, make) for s, make in calls))
 
     async def revalidate(self, cv: CachedView) -> CachedView:
@@ -352,6 +367,8 @@ class Engine:
 
     async def _search_rows(self, q: Query, items: list[Single]) -> list[Hits]:
         cv = items[-1].cv  # the view most recently looked up (a stale one was reloaded)
+        if len(items) == 1 and items[0].timer is stages.current():
+            return [await self.search(cv, items[0].x, q)]  # alone, in its own request's task
         with stages.measuring() as batch:  # each request gets the stages of its batch
             hits = await self.search(cv, np.concatenate([s.x for s in items]), q)
         stages.share(batch, (s.timer for s in items))

@@ -141,6 +141,8 @@ class RecallMonitor:
         count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
         if nq > 64:
             count = int(np.random.default_rng(self._rng.getrandbits(32)).binomial(nq, self.share))
+        if count == 0:  # most single queries
+            return np.zeros(0, dtype=np.int64)
         rows = self._rng.sample(range(nq), min(count, MAX_ROWS))
         return np.sort(np.asarray(rows, dtype=np.int64))
 

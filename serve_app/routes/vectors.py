@@ -18,6 +18,7 @@ from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import (
     JSON,
     OPTIONS,
+    REPLICA,
     Route,
     embedder_of,
     engine_of,
@@ -60,17 +61,27 @@ async def upsert(body: UpsertRequest, request: Request) -> JSON:
 
 @router.post("/query", response_model=QueryResponse)
 async def query(body: QueryRequest, request: Request) -> Response:
+    return await answer_query(body)
+
+
+async def answer_query(body: QueryRequest) -> Response:
+    """The answer to a validated query body (this route's, and serve_app.http.DirectRoutes')."""
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
-    params = QueryParams.of(body, settings_of(request))
-    engine: Engine = engine_of(request)
+    params = QueryParams.of(body, REPLICA.settings)
+    engine: Engine = REPLICA.engine
     if body.query_contents is not None:  # text query: one embedding, flat results
         text = body.query_contents
-        answer = await service.query_text_json(engine, embedder_of(request), params, text)
+        answer = await service.query_text_json(engine, REPLICA.embedder, params, text)
     else:
         x, single = as_matrix(body.query_vectors, "query_vectors")
         answer = await service.query_json(engine, params, x, single)
     return Response(answer, media_type="application/json")
+
+
+# Answered before FastAPI's routing (serve_app.http.DirectRoutes): (method, path) -> the body's
+# model and its answer.
+DIRECT = {("POST", "/v1/vectors/query"): (QueryRequest, answer_query)}
 
 
 INLINE_RESULTS = 4096

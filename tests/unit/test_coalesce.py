@@ -152,6 +152,35 @@ def test_on_idle_is_called_when_the_last_run_ends_even_if_its_callers_went_away(
     assert run(main()) == [1]
 
 
+def test_a_lone_request_runs_in_its_callers_task_and_company_waits_for_a_worker():
+    """The lone query of a quiet service costs no task and no future; what arrives while it
+    runs is batched as before."""
+
+    async def main() -> None:
+        tasks: list[asyncio.Task[Any] | None] = []
+        model = SlowDouble(delay_s=0.02)
+
+        async def run(xs: list[int]) -> list[int]:
+            tasks.append(asyncio.current_task())
+            return await model(xs)
+
+        c = Coalescer(run, concurrency=1)
+        me = asyncio.current_task()
+        assert await c.submit(1) == 2
+        assert tasks == [me]
+        lone = asyncio.create_task(c.submit(2))
+        await asyncio.sleep(0.005)
+        company = [asyncio.create_task(c.submit(i)) for i in (3, 4)]
+        assert await asyncio.gather(lone, *company) == [4, 6, 8]
+        assert tasks[1] is lone and tasks[2] not in (lone, *company)
+        assert model.batches == [[1], [2], [3, 4]]
+        waiting = Coalescer(run, wait_s=0.001)  # waits for company: always a worker
+        assert await waiting.submit(5) == 10
+        assert tasks[3] is not me
+
+    run(main())
+
+
 def test_invalid_max_batch_size():
     with pytest.raises(ValueError):
         Coalescer(SlowDouble(), max_batch_size=0)
