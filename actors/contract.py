@@ -125,6 +125,8 @@ SHARED_ARG_BYTES = 512 << 10
 # framing, so that Ray passes it inside the call, never through its object store.
 CALL_BYTES = 768 << 10
 UPSERT_PIECES_IN_FLIGHT = 2
+# The pool actors' concurrency group for upserts (actors.pool.UPSERT_THREADS).
+UPSERT_GROUP = "upserts"
 
 
 # A get of up to this many ids goes in one frame and comes back pickled to bytes
@@ -311,15 +313,16 @@ class ShardClient:
         threads waiting for the partition's write lock). Awaited: the partition's state after
         the last piece applied. A failure may leave other pieces written; an upsert is safe
         to repeat (the items of one request have distinct ids, so their order is free)."""
+        call = self.handle.upsert.options(concurrency_group=UPSERT_GROUP)
         parts = pieces(batch)
         if len(parts) == 1:
-            stats: ShardStats = await self.handle.upsert.remote(self._p, key, batch)
+            stats: ShardStats = await call.remote(self._p, key, batch)
             return stats
         window = asyncio.Semaphore(UPSERT_PIECES_IN_FLIGHT)
 
         async def send(piece: UpsertBatch) -> ShardStats:
             async with window:
-                answer: ShardStats = await self.handle.upsert.remote(self._p, key, piece)
+                answer: ShardStats = await call.remote(self._p, key, piece)
                 return answer
 
         done = await asyncio.gather(*(send(piece) for piece in parts))
