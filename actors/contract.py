@@ -125,8 +125,10 @@ SHARED_ARG_BYTES = 512 << 10
 # framing, so that Ray passes it inside the call, never through its object store.
 CALL_BYTES = 768 << 10
 UPSERT_PIECES_IN_FLIGHT = 2
-# The pool actors' concurrency group for upserts (actors.pool.UPSERT_THREADS).
+# The pool actors' concurrency group for upserts of more than LARGE_UPSERT_BYTES
+# (actors.pool.UPSERT_THREADS); smaller ones run on the actor's other call threads.
 UPSERT_GROUP = "upserts"
+LARGE_UPSERT_BYTES = 64 << 10
 
 
 # A get of up to this many ids goes in one frame and comes back pickled to bytes
@@ -245,37 +247,40 @@ def shared(blob: B, n_calls: int) -> B | ObjectRef[B]:
     return blob
 
 
+def utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def row_bytes(batch: UpsertBatch) -> np.ndarray:
     """Each item's share of the batch's serialised size: its vector (and norm), id, metadata
-    and contents, plus what pickling adds per value."""
+    and contents (in UTF-8), plus what pickling adds per value."""
     n = len(batch.ids)
     per = batch.vectors.shape[1] * batch.vectors.itemsize + (4 if batch.norms is not None else 0)
     size = np.full(n, per + 24, dtype=np.int64)
-    size += np.fromiter(map(len, batch.ids), dtype=np.int64, count=n)
+    size += np.fromiter(map(utf8_len, batch.ids), dtype=np.int64, count=n)
     size += np.fromiter((len(m) if m else 0 for m in batch.metadata), dtype=np.int64, count=n)
     if any(batch.contents):
         size += np.fromiter(
-            (len(c.encode()) if c else 0 for c in batch.contents), dtype=np.int64, count=n
+            (utf8_len(c) if c else 0 for c in batch.contents), dtype=np.int64, count=n
         )
     return size
 
 
-def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> list[UpsertBatch]:
+def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> tuple[list[UpsertBatch], int]:
     """``batch`` cut into consecutive runs of items of at most ``limit`` bytes together (an
-    item larger than that goes alone); the batch itself when it fits."""
+    item larger than that goes alone; the batch itself when it fits), and its size."""
     n = len(batch.ids)
-    if n <= 1:
-        return [batch]
     ends = np.cumsum(row_bytes(batch))
-    if ends[-1] <= limit:
-        return [batch]
+    total = int(ends[-1]) if n else 0
+    if n <= 1 or total <= limit:
+        return [batch], total
     out, start = [], 0
     while start < n:
         base = ends[start - 1] if start else 0
         stop = max(start + 1, int(np.searchsorted(ends, base + limit, side="right")))
         out.append(batch.rows(start, stop))
         start = stop
-    return out
+    return out, total
 
 
 def chunks(x: np.ndarray, limit: int = CALL_BYTES) -> Iterator[np.ndarray]:
@@ -310,22 +315,45 @@ class ShardClient:
     async def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
         """The batch in :func:`pieces`, one call each, two under way at a time (the next
         crosses while the shard writes one; more would only hold more of the pool actor's
-        threads waiting for the partition's write lock). Awaited: the partition's state after
-        the last piece applied. A failure may leave other pieces written; an upsert is safe
-        to repeat (the items of one request have distinct ids, so their order is free)."""
-        call = self.handle.upsert.options(concurrency_group=UPSERT_GROUP)
-        parts = pieces(batch)
+        threads waiting for the partition's write lock); a batch of more than
+        :data:`LARGE_UPSERT_BYTES` on the pool actor's upsert threads (:data:`UPSERT_GROUP`).
+        Awaited: the partition's state after the last piece applied. When a piece fails, no
+        further piece is sent, the ones under way are waited for, and the failure is raised:
+        nothing is written after the caller learns of it. The pieces before may be written; an
+        upsert is safe to repeat (the items of one request have distinct ids, so their order
+        is free)."""
+        parts, size = pieces(batch)
+        upsert = self.handle.upsert
+        if size > LARGE_UPSERT_BYTES:
+            upsert = upsert.options(concurrency_group=UPSERT_GROUP)
         if len(parts) == 1:
-            stats: ShardStats = await call.remote(self._p, key, batch)
+            stats: ShardStats = await upsert.remote(self._p, key, batch)
             return stats
-        window = asyncio.Semaphore(UPSERT_PIECES_IN_FLIGHT)
 
         async def send(piece: UpsertBatch) -> ShardStats:
-            async with window:
-                answer: ShardStats = await call.remote(self._p, key, piece)
-                return answer
+            answer: ShardStats = await upsert.remote(self._p, key, piece)
+            return answer
 
-        done = await asyncio.gather(*(send(piece) for piece in parts))
+        done: list[ShardStats] = []
+        under_way: set[asyncio.Task[ShardStats]] = set()
+        try:
+            for piece in parts:
+                while len(under_way) >= UPSERT_PIECES_IN_FLIGHT:
+                    finished, under_way = await asyncio.wait(
+                        under_way, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    done += [task.result() for task in finished]  # a failure stops the sending
+                under_way.add(asyncio.ensure_future(send(piece)))
+            done += await asyncio.gather(*under_way)
+        except Exception:
+            # sent: let them land before the caller hears of the failure (their own failures,
+            # if any, are retrieved here and dropped: the first one is raised)
+            await asyncio.gather(*under_way, return_exceptions=True)
+            raise
+        except BaseException:  # cancelled (the caller's deadline, or it went away)
+            for task in under_way:
+                task.cancel()
+            raise
         return max(done, key=lambda st: (st.version, st.count))
 
     def delete(self, key: bytes, ids: list[str]) -> ObjectRef[int]:

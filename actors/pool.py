@@ -56,13 +56,13 @@ HOUSEKEEPING_PERIOD_S = 1.0
 TRIM_GROWTH_BYTES = 1 << 20
 # Below the budget by this share after evicting, so that the next load does not evict at once.
 BUDGET_HEADROOM = 0.9
-# Upserts run on call threads of their own, this many (the concurrency group UPSERT_GROUP, to
-# which actors.contract.ShardClient sends them). Each of an actor's call threads keeps
-# what Ray received for the last call it ran (in Ray's core, not as Python objects), and an
-# upsert's piece is up to 768 KiB (actors.contract.CALL_BYTES): on any of 16 threads, the
-# actor's private memory swung by up to 12 MB with which threads last took a piece (churn at
-# 20,000 items read 1.04-1.20x between runs). Nor does a bulk write hold the threads that the
-# actor's reads, of any index, need.
+# Upserts of more than 64 KiB (actors.contract.LARGE_UPSERT_BYTES) run on call threads of their
+# own, this many (the concurrency group UPSERT_GROUP, to which actors.contract.ShardClient sends
+# them). Each of an actor's call threads keeps what Ray received for the last call it ran (in
+# Ray's core, not as Python objects), and an upsert's piece is up to 768 KiB: on any of 16
+# threads, the actor's private memory swung by up to 12 MB with which threads last took a piece
+# (churn at 20,000 items read 1.04-1.20x between runs). Nor does a bulk write hold the threads
+# that the actor's reads, and small writes, of any index need.
 UPSERT_THREADS = 2
 
 

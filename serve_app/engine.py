@@ -250,7 +250,8 @@ class Engine:
     async def fan_out(
         self, cv: CachedView, calls: Sequence[ShardCall], *, idempotent: bool = True
     ) -> list[Any]:
-        """One call per shard, concurrently; shard outages are retried within a bounded budget.
+        """One call per shard (a ShardClient method, which may make several Ray calls: an
+        upsert's pieces), concurrently; shard outages are retried within a bounded budget.
 
         A shard that is restarting (crash, node loss) is retried with backoff. A shard that is
         gone for good or retired means the view may be out of date: the index is looked up

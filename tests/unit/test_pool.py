@@ -24,13 +24,14 @@ from actors.contract import (
     chunks,
     pack,
     pieces,
+    row_bytes,
     unpack_result,
 )
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.placement import place
 from actors.pool import PoolOptions, ShardPool
 from actors.store import open_store
-from actors.types import IndexMeta, Partition, UpsertBatch
+from actors.types import IndexMeta, Partition, ShardStats, UpsertBatch
 from cluster import fastpath
 from tests.helpers import clustered
 from tests.unit.test_shard import batch, exact_ids, one_list
@@ -297,7 +298,8 @@ def test_pieces_cover_the_batch_in_order_each_small_enough_to_pass_inside_a_call
         tuple(orjson_doc(i) for i in range(len(x))),
         contents,
     )
-    parts = pieces(big)
+    parts, size = pieces(big)
+    assert size == int(row_bytes(big).sum())
     assert len(parts) > 3
     assert tuple(i for p in parts for i in p.ids) == big.ids
     assert tuple(c for p in parts for c in p.contents) == big.contents
@@ -309,13 +311,64 @@ def test_pieces_cover_the_batch_in_order_each_small_enough_to_pass_inside_a_call
         size = len(pickle.dumps(part, protocol=5, buffer_callback=buffers.append))
         assert size + sum(b.raw().nbytes for b in buffers) < inline, len(part.ids)
     small = big.rows(100, 200)
-    assert [p.ids for p in pieces(small)] == [small.ids]
+    assert [p.ids for p in pieces(small)[0]] == [small.ids]
     # an item larger than a call goes alone; the rest still go together
     three = big.rows(0, 3)
     huge = replace(three, contents=("x" * (2 * CALL_BYTES), "a", "b"))
-    assert [p.ids for p in pieces(huge)] == [("item-0",), ("item-1", "item-2")]
+    assert [p.ids for p in pieces(huge)[0]] == [("item-0",), ("item-1", "item-2")]
     huge = replace(three, contents=("a", "x" * (2 * CALL_BYTES), "b"))
-    assert [p.ids for p in pieces(huge)] == [("item-0",), ("item-1",), ("item-2",)]
+    assert [p.ids for p in pieces(huge)[0]] == [("item-0",), ("item-1",), ("item-2",)]
+    # ids are counted in UTF-8 too (1,024 characters may be 3 KB)
+    wide = replace(big.rows(0, 2_000), ids=tuple("項目" * 400 + f"-{i}" for i in range(2_000)))
+    for part in pieces(wide)[0]:
+        assert len(pickle.dumps(part, protocol=5)) < inline
+
+
+class FailingHandle:
+    """A pool actor's handle whose upserts take a while and fail for a piece holding
+    ``bad``; records the pieces sent and those that finished."""
+
+    def __init__(self, bad: str) -> None:
+        self.bad = bad
+        self.sent: list[str] = []
+        self.finished: list[str] = []
+        self.upsert = self
+
+    def options(self, **_: Any) -> FailingHandle:
+        return self
+
+    def remote(self, p: str, key: bytes, piece: UpsertBatch) -> Any:
+        self.sent.append(piece.ids[0])
+
+        async def run() -> ShardStats:
+            await asyncio.sleep(0.02 if len(self.sent) % 2 else 0.05)
+            if self.bad in piece.ids:
+                raise ValueError("this piece failed")
+            self.finished.append(piece.ids[0])
+            return ShardStats(len(self.finished), 0)
+
+        return run()
+
+
+def test_a_failing_piece_stops_the_upsert_and_nothing_lands_after_the_failure_is_raised() -> None:
+    x = np.zeros((9_000, 128), dtype=np.float32)  # 4.6 MB: several pieces
+    batch = UpsertBatch(
+        tuple(f"i{n}" for n in range(len(x))), x, None, (None,) * 9_000, (None,) * 9_000
+    )
+    parts, _ = pieces(batch)
+    assert len(parts) >= 5
+    handle = FailingHandle(bad=parts[1].ids[-1])
+    client = ShardClient(handle, Partition("a", "ida", 0))
+
+    async def upsert() -> tuple[list[str], list[str]]:
+        with pytest.raises(ValueError):
+            await client.upsert(KEY_A, batch)
+        return list(handle.sent), list(handle.finished)  # as the caller learns of the failure
+
+    sent, finished = asyncio.run(upsert())
+    assert sent == [p.ids[0] for p in parts[: len(sent)]] and len(sent) < len(parts)
+    assert set(finished) == set(sent) - {parts[1].ids[0]}  # every other sent piece landed
+    assert handle.sent == sent and handle.finished == finished  # and nothing after
 
 
 def orjson_doc(i: int) -> bytes:
