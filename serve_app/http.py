@@ -16,6 +16,7 @@ from fastapi import HTTPException, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -239,21 +240,41 @@ class DirectRoutes:
         model, answer = route
         request = OrjsonRequest(scope, receive)
         try:
-            body = model.model_validate(await request.json())
-        except HTTPException as exc:  # over the body's limits (413, 408)
-            await error_response(exc.status_code, str(exc.detail), headers=exc.headers)(
-                scope, receive, send
-            )
+            data = await request.json()
+        except orjson.JSONDecodeError:
+            data = _NOT_JSON
+        except Exception as exc:  # over the body's limits (413, 408); the client went (400)
+            await answered(exc, BODY_ERROR)(scope, receive, send)
             return
-        except (orjson.JSONDecodeError, ValidationError):
+        try:
+            body = None if data is _NOT_JSON else model.model_validate(data)
+        except ValidationError:
+            body = None
+        if body is None:  # FastAPI's own 422, from the same bytes
             await self.app(scope, replay(await request.body(), receive), send)
             return
         try:
             response = await retry_stale(lambda: answer(body))
         except Exception as exc:
-            err = api_error(exc)
-            response = error_response(err.status_code, err.detail, err.errors)
+            response = answered(exc)
         await response(scope, receive, send)
+
+
+# What FastAPI answers when reading a body fails otherwise than by its limits (a client that
+# went away mid-body, say).
+BODY_ERROR = HTTPException(400, "There was an error parsing the body")
+_NOT_JSON = object()
+
+
+def answered(exc: Exception, otherwise: HTTPException | None = None) -> Response:
+    """``exc`` answered as the app's error handlers answer it (serve_app.errors): an HTTP
+    exception with its status and headers, any other as :func:`~serve_app.errors.api_error`
+    makes it, or as ``otherwise`` when given."""
+    http = exc if isinstance(exc, StarletteHTTPException) else otherwise
+    if http is not None:
+        return error_response(http.status_code, str(http.detail), headers=http.headers)
+    err = api_error(exc)
+    return error_response(err.status_code, err.detail, err.errors)
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

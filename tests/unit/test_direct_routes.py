@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from fastapi import HTTPException
 from pydantic import BaseModel
 from starlette.responses import Response
 
@@ -44,6 +45,8 @@ class Fallback:
 
 
 async def answer(body: Body) -> Response:
+    if body.name == "teapot":
+        raise HTTPException(418, "short and stout", headers={"X-Spout": "yes"})
     if body.name == "missing":
         raise IndexNotFound("index 'missing' does not exist")
     if body.name == "broken":
@@ -60,13 +63,22 @@ def direct() -> Iterator[tuple[DirectRoutes, Fallback]]:
     http.configure_replica(*saved)
 
 
-def call(app: Any, body: bytes, path: str = "/v1/x", chunk: int = 0) -> tuple[int, bytes]:
+def call(
+    app: Any, body: bytes, path: str = "/v1/x", chunk: int = 0, gone_after: int = 0
+) -> tuple[int, bytes]:
+    """(status, body) of POST ``path``; the body in chunks of ``chunk`` bytes, the client
+    gone after ``gone_after`` of them (0: it stays)."""
     parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk else [body]
     parts = parts or [b""]
     scope = {"type": "http", "method": "POST", "path": path, "headers": [], "root_path": ""}
     sent: list[dict[str, Any]] = []
+    given = 0
 
     async def receive() -> dict[str, Any]:
+        nonlocal given
+        given += 1
+        if gone_after and given > gone_after:
+            return {"type": "http.disconnect"}
         part = parts.pop(0)
         return {"type": "http.request", "body": part, "more_body": bool(parts)}
 
@@ -107,6 +119,11 @@ def test_errors_are_answered_as_the_apps_handlers_answer_them(
     assert status == 500 and "request id" in detail and "a bug" not in detail
     status, body = call(app, b'{"name": "' + b"x" * 2000 + b'"}')  # over max_body_bytes
     assert status == 413 and orjson.loads(body)["status_code"] == 413
+    status, body = call(app, b'{"name": "teapot"}')
+    assert (status, orjson.loads(body)["detail"]) == (418, "short and stout")
+    # a client gone mid-body: what FastAPI answers it
+    status, body = call(app, b'{"name": "abcdef"}', chunk=4, gone_after=2)
+    assert (status, orjson.loads(body)["detail"]) == (400, "There was an error parsing the body")
     assert fallback.bodies == []
 
 
