@@ -342,7 +342,7 @@ class ShardClient:
                     finished, under_way = await asyncio.wait(
                         under_way, return_when=asyncio.FIRST_COMPLETED
                     )
-                    done += [task.result() for task in finished]  # a failure stops the sending
+                    done += await asyncio.gather(*finished)  # a failure stops the sending
                 under_way.add(asyncio.ensure_future(send(piece)))
             done += await asyncio.gather(*under_way)
         except Exception:
