@@ -494,12 +494,9 @@ class PartitionIndex:
             distances[rows], labels[rows] = merge_topk([distances[rows], d2], [labels[rows], l2], k)
             scanned += take2.sum(axis=1)
         if len(wider):
-            # These queries start over on a plan four times as long, assigned here (the work
-            # already done is counted); the first pass and its k-th distance come out the same.
-            width = min(self.nlist, 4 * plan)
-            xw = np.ascontiguousarray(x[wider])
-            dis_w, lists_w = self.assign(xw, width)
-            dw, lw, sw = self._adaptive(xw, k, lists_w, dis_w, selector_bits, first, slack, counts)
+            # These queries start over on a plan four times as long (the work already done is
+            # counted); the first pass and its k-th distance come out the same.
+            dw, lw, sw = self._wider(x[wider], k, plan, selector_bits, first, slack, counts)
             distances[wider], labels[wider] = dw, lw
             scanned[wider] += sw
         return distances, labels, scanned
@@ -541,11 +538,8 @@ class PartitionIndex:
         with np.errstate(over="ignore"):
             bound = float(coarse[0] + np.float32(slack) * distances[0, k - 1])
         if plan < self.nlist and (float(coarse[-1]) < bound or sum(c) < k):
-            # the plan may be too short: start over on one four times as long, assigned here
-            width = min(self.nlist, 4 * plan)
-            xw = np.ascontiguousarray(x)
-            dis_w, lists_w = self.assign(xw, width)
-            dw, lw, sw = self._adaptive(xw, k, lists_w, dis_w, selector_bits, first, slack, counts)
+            # the plan may be too short: start over on one four times as long
+            dw, lw, sw = self._wider(x, k, plan, selector_bits, first, slack, counts)
             return dw, lw, sw + scanned
         dis = coarse.tolist()
         row2 = [
@@ -558,6 +552,21 @@ class PartitionIndex:
             )
             distances, labels = merge_topk([distances, d2], [labels, l2], k)
         return distances, labels, np.array([scanned + more], dtype=np.int64)
+
+    def _wider(
+        self,
+        x: np.ndarray,
+        k: int,
+        plan: int,
+        selector_bits: np.ndarray | None,
+        first: int,
+        slack: float,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_adaptive` of ``x`` on a plan four times ``plan`` long, assigned here."""
+        xw = np.ascontiguousarray(x)
+        dis_w, lists_w = self.assign(xw, min(self.nlist, 4 * plan))
+        return self._adaptive(xw, k, lists_w, dis_w, selector_bits, first, slack, counts)
 
     def slack_needed(
         self,
