@@ -207,3 +207,27 @@ def test_openapi_still_declares_the_api_key_scheme(app):
         query = spec["paths"]["/v1/vectors/query"]["post"]
         assert query["security"] == [{next(iter(schemes)): []}]
         assert "security" not in spec["paths"]["/v1/health"]["get"]
+
+
+def test_serve_and_the_router_name_each_route_by_its_own_path(app):
+    """Serve labels each request's metrics with the first route of the app that matches it, as
+    Starlette's router answers it with the first: with the data path's routes tried first, each
+    documented operation is still named by, and answered from, its own path."""
+    from ray.serve._private.thirdparty.get_asgi_route_name import get_asgi_route_name
+    from starlette.routing import Match
+
+    operations = app.openapi()["paths"]
+    assert {"/v1/vectors/query", "/v1/indexes/create", "/v1/health"} <= operations.keys()
+    for path, spec in operations.items():
+        for method in spec:
+            scope = {"type": "http", "path": path, "method": method.upper(), "root_path": ""}
+            assert get_asgi_route_name(app, scope) == path
+            matched = [r for r in app.routes if r.matches(scope)[0] is Match.FULL]
+            assert matched, path
+            first = matched[0]
+            if hasattr(first, "original_router"):  # a router included under a prefix
+                inner = {**scope, "path": path.removeprefix(first.include_context.prefix)}
+                first = next(
+                    r for r in first.original_router.routes if r.matches(inner)[0] is Match.FULL
+                )
+            assert first.path == path.removeprefix("/v1")
