@@ -6,7 +6,13 @@ Modules: ``driver`` (``bulk_query``, ``bulk_upsert``), ``transports`` (``HttpTra
 (the subcommands).
 """
 
-from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY, bulk_query, bulk_upsert
+from cluster.bulk.driver import (
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
+    bulk_query,
+    bulk_upsert,
+    query_batch,
+)
 from cluster.bulk.pipeline import exit_code, run_interruptible
 from cluster.bulk.progress import Report
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
@@ -22,5 +28,6 @@ __all__ = [
     "bulk_query",
     "bulk_upsert",
     "exit_code",
+    "query_batch",
     "run_interruptible",
 ]

@@ -26,6 +26,17 @@ Re-running the same command resumes after the rows already written (see the prog
 """
 
 
+def positive(text: str) -> int:
+    """An argument that must be a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", required=True, help="index name")
     p.add_argument(
@@ -44,13 +55,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--batch-size",
-        type=int,
-        default=DEFAULT_BATCH,
-        help=f"vectors per request ({DEFAULT_BATCH})",
+        type=positive,
+        default=None,
+        help=f"vectors per request ({DEFAULT_BATCH:,}; bulk-query cuts an input of fewer than "
+        f"{DEFAULT_BATCH:,} x --concurrency rows into --concurrency batches)",
     )
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=positive,
         default=DEFAULT_CONCURRENCY,
         help=f"requests in flight ({DEFAULT_CONCURRENCY})",
     )
@@ -174,7 +186,7 @@ def _bulk_upsert(args: argparse.Namespace) -> int:
             transport,
             index=args.index,
             progress_file=args.progress_file,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or DEFAULT_BATCH,
             concurrency=args.concurrency,
             id_column=args.id_column,
             id_start=args.id_start,

@@ -352,3 +352,66 @@ def test_ray_transport_decodes_and_maps_errors(monkeypatch: pytest.MonkeyPatch) 
 
 async def _no_sleep(_: float) -> None:
     return None
+
+
+class Recording(FakeTransport):
+    """Records each query batch's size and the most batches in flight at once."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        super().__init__(data, latency=0.0)
+        self.sizes: list[int] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def query(self, x: np.ndarray, opts: bulk.QueryOptions) -> QueryResult:
+        self.sizes.append(len(x))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            return await super().query(x, opts)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "concurrency", "sizes"), [(230, 2, [115, 115]), (7, 3, [3, 3, 1])]
+)
+def test_a_small_query_input_fills_the_requests_in_flight(
+    tmp_path: Path, vecs: np.ndarray, rows: int, concurrency: int, sizes: list[int]
+) -> None:
+    """Without --batch-size, an input of fewer than DEFAULT_BATCH x concurrency rows is cut into
+    ``concurrency`` batches sent together (one request would leave the gateway and the shards
+    waiting on each other); the answers are the same."""
+    inp = write_input(tmp_path / "q.npy", vecs[:rows])
+    t = Recording(vecs)
+    report = query(inp, tmp_path / "r.npy", t, batch_size=None, concurrency=concurrency)
+    assert report.ok and sorted(t.sizes, reverse=True) == sizes
+    assert t.most_in_flight == concurrency
+    assert read_ids(tmp_path / "r.npy") == expected(vecs, vecs[:rows]).tolist()
+    assert bulk.query_batch(10**6, 2) == bulk.DEFAULT_BATCH  # a large input: the default batch
+    assert bulk.query_batch(10**6, 2, 500) == 500
+
+
+def test_a_query_with_the_automatic_batch_resumes(tmp_path: Path, vecs: np.ndarray) -> None:
+    """The automatic batch follows from the input and the options, so re-running the same
+    command finds its own progress and resumes."""
+    inp = write_input(tmp_path / "q.npy", vecs)
+    out = tmp_path / "r.jsonl"
+    first = query(inp, out, FakeTransport(vecs, fail_at_row=150), batch_size=None, concurrency=2)
+    assert first.error is not None and first.rows_done == 115
+    second = query(inp, out, FakeTransport(vecs), batch_size=None, concurrency=2)
+    assert second.ok and second.resumed_from == 115
+    assert read_ids(out) == expected(vecs, vecs).tolist()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "ten"])
+def test_the_cli_refuses_a_batch_or_concurrency_below_one(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cluster.cli import main
+
+    for option in ("--batch-size", "--concurrency"):
+        with pytest.raises(SystemExit) as exit:
+            main(["bulk-query", "q.npy", "r.npy", "--index", "i", option, value])
+        assert exit.value.code == 2
+        assert option in capsys.readouterr().err
