@@ -84,7 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--n-lists", type=int, default=0, help="0 = automatic rule")
     p.add_argument("--n-probes", type=int, default=0, help="0 = the service's automatic value")
-    p.add_argument("--batch-size", type=int, default=0, help="driver batch; 0 = the CLI default")
+    p.add_argument(
+        "--batch-size", type=int, default=0, help="driver batch; 0 = the driver's default"
+    )
     p.add_argument("--concurrency", type=int, default=0, help="0 = the CLI default")
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (median taken)")
     p.add_argument("--threads", type=int, default=0, help="raw faiss threads; 0 = all cores")
@@ -170,25 +172,35 @@ async def measure(
     index.search(q, k)  # warm-up
     for t in transports.values():
         await run_driver(t, qfile, out, opts, batch, conc)
-    raw_ids = np.empty(0)
+    # What the locality order must not change: the same coarse step, the queries in request
+    # order. (Not index.search's answer: it runs its coarse step per thread's slice of the
+    # queries, and BLAS may round a distance differently on another slice, which can pick
+    # another list at the n_probes-th place.)
+    faiss.omp_set_num_threads(threads)
+    coarse, lists = index.quantizer.search(q, index.nprobe)
+    in_order = index.search_preassigned(q, k, lists, coarse)
+    raw: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for _ in range(args.repeats):
         for name, nthreads in ((raw_all, threads), (raw_one, 1)):
             faiss.omp_set_num_threads(nthreads)
             with cpu.measure(name):
                 t0 = time.perf_counter()
-                _, raw_ids = index.search(q, k)
+                raw[name] = index.search(q, k)
                 times[name].append(time.perf_counter() - t0)
         faiss.omp_set_num_threads(threads)
         with cpu.measure(ordered):
             t0 = time.perf_counter()
-            _, ordered_ids = locality_search(index, q, k, rank)
+            ordered_d, ordered_ids = locality_search(index, q, k, rank)
             times[ordered].append(time.perf_counter() - t0)
-        assert (ordered_ids == raw_ids).all(), "locality order changed raw faiss's results"
+        assert (ordered_d == in_order[0]).all() and (ordered_ids == in_order[1]).all(), (
+            "locality order changed raw faiss's results"
+        )
         for name, t in transports.items():
             with cpu.measure(name):
                 sec, ids = await run_driver(t, qfile, out, opts, batch, conc)
             times[name].append(sec)
             found[name] = ids
+    raw_ids = raw[raw_all][1]
     sweep: list[list[Any]] = []
     if args.sweep:
         for b, c in ((500, 2), (1000, 1), (1000, 2), (1000, 4), (2500, 2), (5000, 2), (10000, 1)):
@@ -245,13 +257,14 @@ def prepare(args: argparse.Namespace, threads: int) -> Setup:
     k, n, nq = args.top_k, args.n, args.queries
     print(f"data: clustered {n:,} x {args.dim} + {nq:,} held-out queries, ivfflat, top_k={k}")
     data = clustered(n + nq, args.dim, seed=args.seed)
+    conc = args.concurrency or bulk.DEFAULT_CONCURRENCY
     s = Setup(
         k=k,
         n=n,
         nq=nq,
         dim=args.dim,
-        batch=args.batch_size or bulk.DEFAULT_BATCH,
-        conc=args.concurrency or bulk.DEFAULT_CONCURRENCY,
+        batch=bulk.query_batch(nq, conc, args.batch_size or None),
+        conc=conc,
         n_lists=args.n_lists or auto_n_lists(n),
         threads=threads,
         x=np.ascontiguousarray(data[:n]),
