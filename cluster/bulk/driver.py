@@ -37,10 +37,10 @@ DEFAULT_CONCURRENCY = 2
 
 def query_batch(rows: int, concurrency: int, batch_size: int | None = None) -> int:
     """A bulk query's batch: ``batch_size`` when given, else :data:`DEFAULT_BATCH`, or fewer
-    rows so that a smaller input still makes ``concurrency`` requests. One request for a whole
+    rows so that a smaller input still makes ``concurrency`` requests: one request for a whole
     small input leaves the gateway's coarse step and the shards' scan waiting on each other
-    (10,000 queries on 100k x 128: 47k / 50k QPS over binary HTTP / Ray in one batch, 58k / 63k
-    in two of 5,000; docs/performance.md, bulk query)."""
+    (docs/performance.md, bulk query). Deterministic for an input and its options, so that a
+    re-run finds its progress."""
     if batch_size is not None:
         return batch_size
     return max(1, min(DEFAULT_BATCH, -(-rows // max(1, concurrency))))
