@@ -200,7 +200,7 @@ async def measure(
                 sec, ids = await run_driver(t, qfile, out, opts, batch, conc)
             times[name].append(sec)
             found[name] = ids
-    raw_ids = raw[raw_all][1]
+    raw_ids = raw[raw_all][1] if raw else np.empty(0)
     sweep: list[list[Any]] = []
     if args.sweep:
         for b, c in ((500, 2), (1000, 1), (1000, 2), (1000, 4), (2500, 2), (5000, 2), (10000, 1)):

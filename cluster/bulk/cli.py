@@ -57,8 +57,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive,
         default=None,
-        help=f"vectors per request ({DEFAULT_BATCH:,}; bulk-query cuts an input of fewer than "
-        f"{DEFAULT_BATCH:,} x --concurrency rows into --concurrency batches)",
+        help=f"vectors per request ({DEFAULT_BATCH:,}; bulk-query sends an input of fewer than "
+        f"{DEFAULT_BATCH:,} x --concurrency rows in batches of rows / --concurrency, and a "
+        "resumed job keeps its batches)",
     )
     p.add_argument(
         "--concurrency",

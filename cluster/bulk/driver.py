@@ -37,10 +37,9 @@ DEFAULT_CONCURRENCY = 2
 
 def query_batch(rows: int, concurrency: int, batch_size: int | None = None) -> int:
     """A bulk query's batch: ``batch_size`` when given, else :data:`DEFAULT_BATCH`, or fewer
-    rows so that a smaller input still makes ``concurrency`` requests: one request for a whole
-    small input leaves the gateway's coarse step and the shards' scan waiting on each other
-    (docs/performance.md, bulk query). Deterministic for an input and its options, so that a
-    re-run finds its progress."""
+    rows, ``ceil(rows / concurrency)``, so that a smaller input is still several requests under
+    way together: one request for a whole small input leaves the gateway's coarse step and the
+    shards' scan waiting on each other (docs/performance.md, bulk query)."""
     if batch_size is not None:
         return batch_size
     return max(1, min(DEFAULT_BATCH, -(-rows // max(1, concurrency))))
@@ -70,9 +69,15 @@ async def bulk_query(
     if fmt == ".npy" and "distance" not in options.include:
         options = QueryOptions(**{**options.__dict__, "include": (*options.include, "distance")})
     source = Source(input_path)
+    progress_path = output.with_name(output.name + ".progress.json")
+    if batch_size is None and not restart:
+        # A job under way keeps its batches (the automatic batch follows --concurrency, and a
+        # job may have begun with another default): the rows written are whole batches of it.
+        recorded = Progress.recorded(progress_path, "batch_size")
+        batch_size = recorded if isinstance(recorded, int) and recorded > 0 else None
     batch_size = query_batch(source.rows, concurrency, batch_size)
     progress = Progress(
-        output.with_name(output.name + ".progress.json"),
+        progress_path,
         job_of("query", source, batch_size, index, options.as_dict(), int_ids=int_ids),
     )
     sink: NpySink | JsonlSink = (

@@ -20,6 +20,15 @@ class Progress:
         self.path = path
         self.job = job
 
+    @staticmethod
+    def recorded(path: Path, key: str) -> Any:
+        """``key`` of the job recorded at ``path`` (None without a readable progress file)."""
+        try:
+            job = orjson.loads(path.read_bytes()).get("job")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return job.get(key) if isinstance(job, dict) else None
+
     def load(self) -> dict[str, Any] | None:
         if not self.path.exists():
             return None

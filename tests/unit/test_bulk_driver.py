@@ -393,15 +393,18 @@ def test_a_small_query_input_fills_the_requests_in_flight(
 
 
 def test_a_query_with_the_automatic_batch_resumes(tmp_path: Path, vecs: np.ndarray) -> None:
-    """The automatic batch follows from the input and the options, so re-running the same
-    command finds its own progress and resumes."""
+    """A job begun with the automatic batch resumes with its own batches, whatever
+    --concurrency the re-run has (the automatic batch follows it); --restart recomputes it."""
     inp = write_input(tmp_path / "q.npy", vecs)
     out = tmp_path / "r.jsonl"
     first = query(inp, out, FakeTransport(vecs, fail_at_row=150), batch_size=None, concurrency=2)
-    assert first.error is not None and first.rows_done == 115
-    second = query(inp, out, FakeTransport(vecs), batch_size=None, concurrency=2)
-    assert second.ok and second.resumed_from == 115
+    assert first.error is not None and first.rows_done == 115 and first.batch_size == 115
+    second = query(inp, out, FakeTransport(vecs), batch_size=None, concurrency=3)
+    assert second.ok and second.resumed_from == 115 and second.batch_size == 115
     assert read_ids(out) == expected(vecs, vecs).tolist()
+    t = Recording(vecs)
+    again = query(inp, out, t, batch_size=None, concurrency=3, restart=True)
+    assert again.ok and sorted(t.sizes, reverse=True) == [77, 77, 76]
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "ten"])
