@@ -76,13 +76,20 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        # Keeps the exception's headers: a 405 carries Allow.
-        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+        return response_for(exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
-        err = api_error(exc)
-        return error_response(err.status_code, err.detail, err.errors)
+        return response_for(exc)
+
+
+def response_for(exc: Exception) -> Response:
+    """``exc`` answered as the app's handlers answer it: an HTTP exception with its status and
+    headers (a 405 carries Allow), anything else as :func:`api_error` makes it."""
+    if isinstance(exc, StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    err = api_error(exc)
+    return error_response(err.status_code, err.detail, err.errors)
 
 
 def api_error(exc: BaseException) -> VaultvecError:

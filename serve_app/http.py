@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from actors import heap
 from actors.errors import PayloadTooLarge
 from serve_app.engine import retry_stale, within
-from serve_app.errors import api_error, error_response
+from serve_app.errors import error_response, response_for
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -239,42 +239,31 @@ class DirectRoutes:
             return
         model, answer = route
         request = OrjsonRequest(scope, receive)
+        body = None
         try:
             data = await request.json()
         except orjson.JSONDecodeError:
-            data = _NOT_JSON
+            pass
         except Exception as exc:  # over the body's limits (413, 408); the client went (400)
-            await answered(exc, BODY_ERROR)(scope, receive, send)
+            http = exc if isinstance(exc, StarletteHTTPException) else BODY_ERROR
+            await response_for(http)(scope, receive, send)
             return
-        try:
-            body = None if data is _NOT_JSON else model.model_validate(data)
-        except ValidationError:
-            body = None
+        else:
+            with contextlib.suppress(ValidationError):
+                body = model.model_validate(data)
         if body is None:  # FastAPI's own 422, from the same bytes
             await self.app(scope, replay(await request.body(), receive), send)
             return
         try:
             response = await retry_stale(lambda: answer(body))
         except Exception as exc:
-            response = answered(exc)
+            response = response_for(exc)
         await response(scope, receive, send)
 
 
 # What FastAPI answers when reading a body fails otherwise than by its limits (a client that
 # went away mid-body, say).
 BODY_ERROR = HTTPException(400, "There was an error parsing the body")
-_NOT_JSON = object()
-
-
-def answered(exc: Exception, otherwise: HTTPException | None = None) -> Response:
-    """``exc`` answered as the app's error handlers answer it (serve_app.errors): an HTTP
-    exception with its status and headers, any other as :func:`~serve_app.errors.api_error`
-    makes it, or as ``otherwise`` when given."""
-    http = exc if isinstance(exc, StarletteHTTPException) else otherwise
-    if http is not None:
-        return error_response(http.status_code, str(http.detail), headers=http.headers)
-    err = api_error(exc)
-    return error_response(err.status_code, err.detail, err.errors)
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
