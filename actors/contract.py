@@ -29,6 +29,7 @@ import numpy as np
 import ray
 from ray import ObjectRef
 
+from actors import channel
 from actors.filters import FilterNode
 from actors.metrics import Family
 from actors.strings import StringBlock
@@ -51,6 +52,8 @@ class ShardCalls(Protocol):
     def search_packed(self, p: Partition | str, key: bytes, req: bytes) -> bytes: ...
 
     def search_framed(self, call: bytes) -> bytes: ...
+
+    def local_channel(self) -> tuple[str, str] | None: ...
 
     def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats: ...
 
@@ -307,7 +310,10 @@ class ShardClient:
         partition and the key; a large one (framing would copy it twice more) or a stored copy
         (Ray resolves only the call's own arguments) as an argument of its own."""
         if isinstance(req, bytes) and len(req) <= FRAMED_BYTES:
-            blob = await self.handle.search_framed.remote(frame(self._p, key, req))
+            call = frame(self._p, key, req)
+            blob = await channel.call(self.handle, channel.SEARCH, call)
+            if blob is None:
+                blob = await self.handle.search_framed.remote(call)
         else:
             blob = await self.handle.search_packed.remote(self._p, key, req)
         return unpack_result(blob)
@@ -365,7 +371,10 @@ class ShardClient:
         """The stored fields of those of ``ids`` the partition holds (awaited)."""
         if len(ids) <= PACKED_GET_IDS:
             call = frame(self._p, key, ids, vectors, metadata, contents)
-            return unpack_fetched(await self.handle.get_packed.remote(call))
+            blob = await channel.call(self.handle, channel.GET, call)
+            if blob is None:
+                blob = await self.handle.get_packed.remote(call)
+            return unpack_fetched(blob)
         fetched: Fetched = await self.handle.get.remote(
             self._p, key, ids, vectors, metadata, contents
         )

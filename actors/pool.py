@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 import ray
 
-from actors import heap, persistence
+from actors import channel, heap, persistence
 from actors import metrics as m
 from actors.contract import UPSERT_GROUP, ShardCalls, chunks, pack, unframe, unpack_request
 from actors.cpus import node_cpus
@@ -87,6 +87,8 @@ class ShardPool:
         self._lock = threading.Lock()
         self._hosted: dict[tuple[str, int], Shard] = {}
         self._retired: set[str] = set()
+        self._channel: channel.ChannelServer | None = None
+        self._no_channel = False  # none can be made here
         self._evictions = 0
         self._metrics = PoolMetrics(self)
         # Free memory in the heap is given back once the actor goes quiet (housekeep): memory
@@ -248,6 +250,24 @@ class ShardPool:
     def ping(self) -> str:
         """The node this actor runs on (the control plane spreads partitions by it)."""
         return node_id()
+
+    def local_channel(self) -> tuple[str, str] | None:
+        """(this actor's node, its socket) for gateways on the same node (actors.channel),
+        started on first asking; None where no private socket can be made."""
+        with self._lock:
+            if self._channel is None and not self._no_channel:
+                directory = channel.private_directory()
+                try:
+                    if directory is None:
+                        raise OSError("no private directory for the socket")
+                    handlers = {channel.SEARCH: self.search_framed, channel.GET: self.get_packed}
+                    self._channel = channel.ChannelServer(handlers, directory)
+                except OSError as exc:
+                    log.warning("no same-node channel (calls go through Ray): %s", exc)
+                    self._no_channel = True
+            if self._channel is None:
+                return None
+            return node_id(), self._channel.path
 
     # -- memory -----------------------------------------------------------------------------
     def pool_stats(self) -> PoolStats:

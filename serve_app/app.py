@@ -12,7 +12,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from ray import serve
 
-from actors import heap
+from actors import channel, heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.cpus import node_cpus
 from serve_app import __version__, arrays, docs, errors, metrics
@@ -130,6 +130,7 @@ class Gateway:
             timeout_s=s.shard_timeout_s,
             recall_sample_share=s.recall_sample_share,
         )
+        channel.CHANNELS.enable(s.local_channel)  # same-node shard calls off Ray's path
         # DeploymentHandle of the Embedder (text -> vectors)
         configure_replica(s, engine, embedder)
         metrics.start_reporting(engine)  # this replica's series to Ray and the control plane

@@ -134,6 +134,11 @@ class Settings(BaseSettings):
         description="label per-index series of GET /v1/metrics with the index name; off, they "
         "are summed over the indexes (names can be sensitive)",
     )
+    local_channel: bool = Field(
+        True,
+        description="a gateway sends searches and small gets to the pool actors on its own "
+        "Ray node over a private Unix socket rather than through Ray (actors/channel.py)",
+    )
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")
 
