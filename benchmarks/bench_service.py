@@ -151,8 +151,10 @@ def deploy_floor(n_shards: int) -> None:
     answers a POST on Serve and asks ``n_shards`` actors pays before doing any work.
 
     POST /floor/body reads the body and answers; POST /floor/hop also sends the body to
-    ``n_shards`` no-op actors at once (one call each, as the gateway calls its shards). Plain
-    Serve HTTP (no FastAPI routing), so it is a lower bound."""
+    ``n_shards`` no-op actors at once (one Ray call each, as the gateway calls shards on other
+    nodes); POST /floor/socket sends it to the same actors over their Unix sockets instead (as
+    the gateway calls the shards on its own node: actors.channel). Plain Serve HTTP (no
+    FastAPI routing), so it is a lower bound."""
     import ray
     from ray import serve
     from starlette.responses import Response
@@ -164,15 +166,31 @@ def deploy_floor(n_shards: int) -> None:
         def ping(self, body: bytes) -> bytes:
             return b""
 
+        def socket(self) -> str:
+            from actors import channel
+
+            directory = channel.private_directory()
+            assert directory is not None, "no private directory for the socket"
+            self.server = channel.ChannelServer({channel.SEARCH: self.ping}, directory)
+            return self.server.path
+
     @serve.deployment(ray_actor_options={"num_cpus": 0.05})
     class Floor:
         def __init__(self, n: int) -> None:
+            from actors import channel
+
             self.actors = [Noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
+            paths = ray.get([a.socket.remote() for a in self.actors])
+            self.channels = [channel.Channel(path) for path in paths]
 
         async def __call__(self, request: Any) -> Response:
+            from actors import channel
+
             body = await request.body()
             if request.url.path.endswith("/hop"):
                 await asyncio.gather(*(a.ping.remote(body) for a in self.actors))
+            elif request.url.path.endswith("/socket"):
+                await asyncio.gather(*(c.call(channel.SEARCH, body) for c in self.channels))
             return Response(ok, media_type="application/json")
 
     serve.run(Floor.bind(n_shards), name="floor", route_prefix="/floor")  # type: ignore[attr-defined]

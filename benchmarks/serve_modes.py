@@ -1,5 +1,7 @@
-"""Single queries and many clients under Serve's stock settings and under vaultvec's default
-(Serve's fast path, cluster/fastpath.py), side by side in one run.
+"""Single queries and many clients under Serve's stock settings, under vaultvec's default
+(Serve's fast path, cluster/fastpath.py, and the same-node channel to the shards,
+actors/channel.py) and under the default with every shard call through Ray ("ray-calls"), side
+by side in one run.
 
 Each mode runs in its own interpreter (Serve reads its switches at import): a private local Ray
 + Serve running vaultvec (benchmarks/common.py), one ``--n`` x 128 index (trained), the bare
@@ -7,7 +9,8 @@ Each mode runs in its own interpreter (Serve reads its switches at import): a pr
 
 * single requests, sequential on one keep-alive connection, interleaved: GET /v1/health (no-op),
   the query's body POSTed to /floor/body (same-body POST no-op), to /floor/hop (that plus one
-  no-op actor call per shard: the floor), and the real query -> p50/p99;
+  no-op Ray call per shard: the floor), to /floor/socket (that, the no-op sent over a Unix
+  socket instead, as the channel sends it), and the real query -> p50/p99;
 * where a single query's time goes: the service's own stages (GET /v1/metrics, whose
   ``vaultvec_request_stage_seconds`` the gateway records) over the sequential queries;
 * CPU per request by process (Linux /proc) for a query, a get and an upsert of 10, each
@@ -41,7 +44,9 @@ from cluster import fastpath
 from cluster.client import generate_key
 from tests.helpers import clustered, run_threads
 
-MODES = ("stock", "default")
+# stock: Serve's and Ray's own settings; default: vaultvec serve's; ray-calls: the default with
+# the same-node channel off (VAULTVEC_LOCAL_CHANNEL=false), every shard call through Ray.
+MODES = ("stock", "default", "ray-calls")
 CLIENTS = (1, 8, 32)
 QUERY_ROUTE = 'route="/v1/vectors/query"'
 REPORT_S = 6.0  # gateway replicas push their series to the control plane every 5 s
@@ -124,12 +129,13 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
                 os.environ[name] = "0"
             else:
                 os.environ.pop(name, None)
-    fastpath.apply(mode == "default")
+    fastpath.apply(mode != "stock")
     from bench_service import deploy_floor  # imports ray.serve: after the switches
 
     x = clustered(n, 128, seed=1)
     ids = [str(i) for i in range(n)]
-    with common.running_service() as svc, common.connect(svc.url) as client:
+    service = common.running_service(local_channel=mode != "ray-calls")
+    with service as svc, common.connect(svc.url) as client:
         key = generate_key()
         idx = client.create_index("modes", key, dimension=128)
         common.upsert_batches(idx, x, ids, 10_000, "index")
@@ -142,6 +148,9 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
             "same-body POST no-op": lambda i: common.post(client, "/floor/body", bodies[i % 500]),
             "floor: POST + no-op per shard": lambda i: common.post(
                 client, "/floor/hop", bodies[i % 500]
+            ),
+            "POST + socket no-op per shard": lambda i: common.post(
+                client, "/floor/socket", bodies[i % 500]
             ),
             "query": lambda i: common.query(client, bodies[i % 500]),
         }
@@ -207,45 +216,66 @@ def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return dict(json.loads(line))
 
 
+FLOOR = "floor: POST + no-op per shard"
+SOCKET_FLOOR = "POST + socket no-op per shard"
+
+
 def report(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
     stock, default = results["stock"], results["default"]
-    print(f"\nsingle requests, ms ({default['shards']} shards)")
-    print(f"  {'':<32}{'stock p50':>10}{'p99':>8}{'default p50':>13}{'p99':>8}{'ratio':>8}")
-    for name, s in stock["single"].items():
-        d = default["single"][name]
-        ratio = d["p50"] / s["p50"]
-        print(
-            f"  {name:<32}{s['p50']:>10.2f}{s['p99']:>8.2f}{d['p50']:>13.2f}{d['p99']:>8.2f}"
-            f"{ratio:>7.2f}x"
+    print(f"\nsingle requests, ms ({default['shards']} shards); ratios: default / the mode's")
+    print(
+        f"  {'':<32}"
+        + "".join(f"{mode + ' p50':>16}{'p99':>8}" for mode in MODES)
+        + "".join(f"{'/ ' + mode:>12}" for mode in MODES if mode != "default")
+    )
+    for name, d in default["single"].items():
+        cells = "".join(
+            f"{results[m]['single'][name]['p50']:>16.2f}{results[m]['single'][name]['p99']:>8.2f}"
+            for m in MODES
         )
+        ratios = "".join(
+            f"{d['p50'] / results[m]['single'][name]['p50']:>11.2f}x"
+            for m in MODES
+            if m != "default"
+        )
+        print(f"  {name:<32}{cells}{ratios}")
     print("\nthe sequential queries' time in the service, by stage: mean ms per query")
-    names = list(dict.fromkeys([*stock["stages"], *default["stages"]]))
+    names = list(dict.fromkeys(name for mode in MODES for name in results[mode]["stages"]))
     print(f"  {'':<12}" + "".join(f"{name:>9}" for name in names))
     for mode in MODES:
         row = results[mode]["stages"]
         print(f"  {mode:<12}" + "".join(f"{row.get(name, 0.0):>9.2f}" for name in names))
     print("\nCPU per request by process, ms (HAProxy counts as the proxy)")
-    print(f"  {'':<22}" + "".join(f"{c:>14}" for c in CPU_COLUMNS))
+    print(f"  {'':<26}" + "".join(f"{c:>14}" for c in CPU_COLUMNS))
     for mode in MODES:
         for kind, roles in results[mode]["cpu"].items():
             cells = "".join(f"{roles.get(c, 0.0):>14.2f}" for c in CPU_COLUMNS)
-            print(f"  {mode + ', ' + kind:<22}{cells}")
-    print("\nconcurrent clients: requests/s (p50 / p99 ms)")
-    print(f"  {'':<24}{'stock':>24}{'default':>24}{'ratio':>8}")
-    for name, s in stock["load"].items():
-        d = default["load"][name]
-        print(
-            f"  {name:<24}{s['qps']:>10,.0f} ({s['p50']:5.1f} /{s['p99']:6.1f})"
-            f"{d['qps']:>10,.0f} ({d['p50']:5.1f} /{d['p99']:6.1f}){d['qps'] / s['qps']:>7.2f}x"
+            print(f"  {mode + ', ' + kind:<26}{cells}")
+    print("\nconcurrent clients: requests/s (p50 / p99 ms); ratios: default / the mode's")
+    print(
+        f"  {'':<24}"
+        + "".join(f"{mode:>24}" for mode in MODES)
+        + "".join(f"{'/ ' + mode:>12}" for mode in MODES if mode != "default")
+    )
+    for name, d in default["load"].items():
+        cells = "".join(
+            f"{r['qps']:>10,.0f} ({r['p50']:5.1f} /{r['p99']:6.1f})"
+            for r in (results[m]["load"][name] for m in MODES)
         )
-    q, fl = default["single"]["query"]["p50"], default["single"]["floor: POST + no-op per shard"]
+        ratios = "".join(
+            f"{d['qps'] / results[m]['load'][name]['qps']:>11.2f}x" for m in MODES if m != "default"
+        )
+        print(f"  {name:<24}{cells}{ratios}")
+    q, fl = default["single"]["query"]["p50"], default["single"][FLOOR]["p50"]
     bars = {
         "single-query p50 default <= 0.5x stock": q <= 0.5 * stock["single"]["query"]["p50"],
-        "single-query p50 default <= 1.3x the floor": q <= 1.3 * fl["p50"],
+        "single-query p50 default <= 1.3x the floor": q <= 1.3 * fl,
         "32-client QPS default >= 3x stock": default["load"]["32 clients, queries"]["qps"]
         >= 3 * stock["load"]["32 clients, queries"]["qps"],
     }
-    print(f"\nquery p50 / floor p50 under the default: {q / fl['p50']:.2f}x")
+    print(f"\nquery p50 / floor p50 under the default: {q / fl:.2f}x")
+    sock = default["single"][SOCKET_FLOOR]["p50"]
+    print(f"query p50 / {SOCKET_FLOOR} p50 under the default (info): {q / sock:.2f}x")
     print("bars")
     for label, met in bars.items():
         print(f"  {'ok  ' if met else 'MISS'} {label}")
