@@ -18,7 +18,7 @@ Each mode runs in its own interpreter (Serve reads its switches at import): a pr
 * 1, 8 and 32 concurrent clients sending single queries, and 32 clients mixing reads and writes
   (3 queries, 1 get, 1 upsert of 10 items in 5) -> requests/s and p50/p99.
 
-    flock /tmp/vaultvec-ray.lock .venv/bin/python benchmarks/serve_modes.py [--check]
+    flock /tmp/vaultvec-ray.lock .venv/bin/python benchmarks/serve_modes.py [--order ...] [--check]
 
 Bars (docs/performance.md): default single-query p50 <= 0.5x stock and <= 1.3x the floor
 under the default; 32-client QPS default >= 3x stock.
@@ -287,6 +287,12 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=20_000, help="items in the index")
     parser.add_argument("--single", type=int, default=400, help="sequential requests per kind")
     parser.add_argument("--seconds", type=float, default=8.0, help="per concurrent load")
+    parser.add_argument(
+        "--order",
+        default=",".join(MODES),
+        help="the order the modes run in (comma-separated; the machine's speed drifts, so a "
+        "second run in another order tells drift from difference)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a bar is missed")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -294,7 +300,10 @@ def main() -> int:
         print(json.dumps(child(args.child, args.n, args.single, args.seconds)))
         return 0
     common.print_environment(common.environment())
-    results = {mode: run_child(mode, args) for mode in MODES}
+    order = args.order.split(",")
+    if sorted(order) != sorted(MODES):
+        parser.error(f"--order must name each of {', '.join(MODES)} once")
+    results = {mode: run_child(mode, args) for mode in order}
     bars = report(results)
     print(orjson.dumps(results).decode())
     return 1 if args.check and not all(bars.values()) else 0
