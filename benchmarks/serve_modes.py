@@ -220,25 +220,23 @@ FLOOR = "floor: POST + no-op per shard"
 SOCKET_FLOOR = "POST + socket no-op per shard"
 
 
+OTHERS = tuple(mode for mode in MODES if mode != "default")
+RATIO_HEADS = "".join(f"{'/ ' + mode:>12}" for mode in OTHERS)
+
+
+def ratios(figures: dict[str, float]) -> str:
+    """The default's figure over each other mode's (mode -> figure), as table cells."""
+    return "".join(f"{figures['default'] / figures[mode]:>11.2f}x" for mode in OTHERS)
+
+
 def report(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
     stock, default = results["stock"], results["default"]
     print(f"\nsingle requests, ms ({default['shards']} shards); ratios: default / the mode's")
-    print(
-        f"  {'':<32}"
-        + "".join(f"{mode + ' p50':>16}{'p99':>8}" for mode in MODES)
-        + "".join(f"{'/ ' + mode:>12}" for mode in MODES if mode != "default")
-    )
-    for name, d in default["single"].items():
-        cells = "".join(
-            f"{results[m]['single'][name]['p50']:>16.2f}{results[m]['single'][name]['p99']:>8.2f}"
-            for m in MODES
-        )
-        ratios = "".join(
-            f"{d['p50'] / results[m]['single'][name]['p50']:>11.2f}x"
-            for m in MODES
-            if m != "default"
-        )
-        print(f"  {name:<32}{cells}{ratios}")
+    print(f"  {'':<32}" + "".join(f"{m + ' p50':>16}{'p99':>8}" for m in MODES) + RATIO_HEADS)
+    for name in default["single"]:
+        runs = {m: results[m]["single"][name] for m in MODES}
+        cells = "".join(f"{r['p50']:>16.2f}{r['p99']:>8.2f}" for r in runs.values())
+        print(f"  {name:<32}{cells}{ratios({m: r['p50'] for m, r in runs.items()})}")
     print("\nthe sequential queries' time in the service, by stage: mean ms per query")
     names = list(dict.fromkeys(name for mode in MODES for name in results[mode]["stages"]))
     print(f"  {'':<12}" + "".join(f"{name:>9}" for name in names))
@@ -252,20 +250,13 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
             cells = "".join(f"{roles.get(c, 0.0):>14.2f}" for c in CPU_COLUMNS)
             print(f"  {mode + ', ' + kind:<26}{cells}")
     print("\nconcurrent clients: requests/s (p50 / p99 ms); ratios: default / the mode's")
-    print(
-        f"  {'':<24}"
-        + "".join(f"{mode:>24}" for mode in MODES)
-        + "".join(f"{'/ ' + mode:>12}" for mode in MODES if mode != "default")
-    )
-    for name, d in default["load"].items():
+    print(f"  {'':<24}" + "".join(f"{mode:>24}" for mode in MODES) + RATIO_HEADS)
+    for name in default["load"]:
+        loads = {m: results[m]["load"][name] for m in MODES}
         cells = "".join(
-            f"{r['qps']:>10,.0f} ({r['p50']:5.1f} /{r['p99']:6.1f})"
-            for r in (results[m]["load"][name] for m in MODES)
+            f"{r['qps']:>10,.0f} ({r['p50']:5.1f} /{r['p99']:6.1f})" for r in loads.values()
         )
-        ratios = "".join(
-            f"{d['qps'] / results[m]['load'][name]['qps']:>11.2f}x" for m in MODES if m != "default"
-        )
-        print(f"  {name:<24}{cells}{ratios}")
+        print(f"  {name:<24}{cells}{ratios({m: r['qps'] for m, r in loads.items()})}")
     q, fl = default["single"]["query"]["p50"], default["single"][FLOOR]["p50"]
     bars = {
         "single-query p50 default <= 0.5x stock": q <= 0.5 * stock["single"]["query"]["p50"],
