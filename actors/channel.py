@@ -218,6 +218,7 @@ class Channel:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._open = 0  # connections, idle or in use
         self._loop: asyncio.AbstractEventLoop | None = None  # theirs
+        self._closed = False
 
     async def call(self, call: int, payload: bytes) -> bytes:
         """The handler's answer; raises what the partition raised, or ChannelError."""
@@ -248,7 +249,7 @@ class Channel:
             if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
                 raise ChannelError(str(exc)) from None
             raise
-        if len(self._idle) < MAX_IDLE:
+        if len(self._idle) < MAX_IDLE and not self._closed:
             self._idle.append((reader, writer))
         else:
             self._open -= 1
@@ -260,6 +261,8 @@ class Channel:
         raise Declined("the call failed in the actor")
 
     def close(self) -> None:
+        """Close the idle connections; those in use close when their calls end."""
+        self._closed = True
         for _, writer in self._idle:
             writer.close()
         self._open -= len(self._idle)

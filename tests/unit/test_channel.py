@@ -263,3 +263,36 @@ def test_a_peer_of_another_user_is_not_answered(
                 assert s.recv(16) == b""  # or after: no answer either way
     finally:
         server.close()
+
+
+def test_a_channel_closed_mid_call_answers_it_and_keeps_no_connection(tmp_path: Path) -> None:
+    """A channel dropped after a failure: a call it had under way still gets its answer, and
+    its connection is closed afterwards rather than kept for calls that will not come."""
+    directory = tmp_path / "s"
+    directory.mkdir(mode=0o700)
+    release = threading.Event()
+
+    def slow(payload: bytes) -> bytes:
+        release.wait(10)
+        return payload
+
+    server = channel.ChannelServer({channel.SEARCH: slow}, str(directory))
+    try:
+
+        async def run() -> None:
+            ch = channel.Channel(server.path)
+            call = asyncio.ensure_future(ch.call(channel.SEARCH, b"x"))
+            await asyncio.sleep(0.2)
+            ch.close()
+            release.set()
+            assert await call == b"x"
+            assert ch._open == 0 and not ch._idle
+
+        asyncio.run(run())
+        for _ in range(100):  # the server saw the connection close
+            if not server._conns:
+                break
+            time.sleep(0.02)
+        assert not server._conns
+    finally:
+        server.close()
