@@ -9,8 +9,11 @@ gateway on the same Ray node sends them there. Everything else, and every call t
 node, goes through Ray as before.
 
 - **Private.** The socket lies in a directory only the service's user may enter (0700; one
-  that is not is never used), and the server answers only peers of that user (SO_PEERCRED).
-  Calls carry what the Ray call would: the partition, the index's key, the request.
+  that is not is never used), and the server answers only peers of that user (SO_PEERCRED):
+  calls are pickled, as Ray's are, so whoever could connect could run code in the actor. They
+  carry what the Ray call would: the partition, the index's key, the request. Each server's
+  socket has a name of its own (a random part), so a gateway reaches the actor that told it
+  the name or none.
 - **Nothing changes on failure.** A call the channel cannot complete (the actor restarting or
   gone, the socket missing, too many calls under way) goes through Ray instead, which retries,
   restarts and reports as it always did; the channel is looked up again a moment later. What
@@ -24,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import pickle
+import secrets
 import socket
 import stat
 import struct
@@ -80,19 +83,17 @@ def private_directory() -> str | None:
     return base if ours else None
 
 
-_SERVERS = itertools.count()
-
-
 class ChannelServer:
     """Answers ``handlers`` (call number -> bytes -> bytes) on a Unix socket, one thread per
     connection, until closed or the process ends."""
 
     def __init__(self, handlers: Mapping[int, Callable[[bytes], bytes]], directory: str) -> None:
         self.handlers = handlers
-        self.path = os.path.join(directory, f"pool-{os.getpid()}-{next(_SERVERS)}.sock")
+        # A name no other server will have: a gateway holding this path reaches this server or
+        # none (another actor with this pid, after a restart, binds another name).
+        name = f"pool-{os.getpid()}-{secrets.token_hex(8)}.sock"
+        self.path = os.path.join(directory, name)
         _remove_stale(directory)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a process of the same pid before (pids are reused)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.bind(self.path)
@@ -119,9 +120,13 @@ class ChannelServer:
             if not self._peers.acquire(blocking=False):
                 conn.close()  # the gateway sends this call through Ray
                 continue
-            threading.Thread(
-                target=self._serve, args=(conn,), name="vaultvec-channel-peer", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._serve, args=(conn,), name="vaultvec-channel-peer", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: this call goes through Ray
+                conn.close()
+                self._peers.release()
 
     def _serve(self, conn: socket.socket) -> None:
         self._conns.add(conn)
@@ -218,13 +223,17 @@ class Channel:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._open = 0  # connections, idle or in use
         self._loop: asyncio.AbstractEventLoop | None = None  # theirs
+        self._generation = 0  # of the connections: a new loop starts a new one
         self._closed = False
 
     async def call(self, call: int, payload: bytes) -> bytes:
         """The handler's answer; raises what the partition raised, or ChannelError."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # connections belong to the loop that opened them
-            self._idle, self._open, self._loop = [], 0, loop
+            self._drop_idle()
+            self._open, self._loop = 0, loop
+            self._generation += 1
+        generation = self._generation
         if self._idle:
             reader, writer = self._idle.pop()
         elif self._open >= MAX_CONNECTIONS:
@@ -234,7 +243,8 @@ class Channel:
             try:
                 reader, writer = await asyncio.open_unix_connection(self.path)
             except BaseException as exc:
-                self._open -= 1
+                if generation == self._generation:
+                    self._open -= 1
                 if isinstance(exc, OSError):
                     raise ChannelError(str(exc)) from None
                 raise
@@ -244,29 +254,48 @@ class Channel:
             size, status = HEADER.unpack(await reader.readexactly(HEADER.size))
             answer = await reader.readexactly(size)
         except BaseException as exc:  # the connection is in an unknown state: closed
-            self._open -= 1
-            writer.close()
+            self._done(reader, writer, generation, keep=False)
             if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
                 raise ChannelError(str(exc)) from None
             raise
-        if len(self._idle) < MAX_IDLE and not self._closed:
-            self._idle.append((reader, writer))
-        else:
-            self._open -= 1
-            writer.close()
+        self._done(reader, writer, generation, keep=True)
         if status == OK:
             return answer
         if status == RAISED:
             raise pickle.loads(answer)
         raise Declined("the call failed in the actor")
 
+    def _done(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        generation: int,
+        keep: bool,
+    ) -> None:
+        """A call's connection after it: kept for the next call, or closed."""
+        if generation != self._generation:  # opened on a loop that was replaced meanwhile
+            _close(writer)
+        elif keep and len(self._idle) < MAX_IDLE and not self._closed:
+            self._idle.append((reader, writer))
+        else:
+            self._open -= 1
+            _close(writer)
+
+    def _drop_idle(self) -> None:
+        for _, writer in self._idle:
+            _close(writer)
+        self._open -= len(self._idle)
+        self._idle.clear()
+
     def close(self) -> None:
         """Close the idle connections; those in use close when their calls end."""
         self._closed = True
-        for _, writer in self._idle:
-            writer.close()
-        self._open -= len(self._idle)
-        self._idle.clear()
+        self._drop_idle()
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(RuntimeError):  # its loop is closed: the socket closes when collected
+        writer.close()
 
 
 class Channels:

@@ -156,6 +156,27 @@ def test_a_gone_socket_sends_calls_through_ray_and_is_looked_up_again(
     assert handle.calls[n:] == ["local_channel"]  # the new socket answers the rest
 
 
+def test_an_actor_gone_between_two_calls_on_one_connection_sends_the_next_through_ray(
+    served: tuple[ShardPool, Any, np.ndarray], channels: channel.Channels
+) -> None:
+    """The kept connection meets the end of the file (the actor died): that call goes through
+    Ray with the right answer."""
+    p, part, x = served
+    handle = PoolHandle(p)
+    client = ShardClient(handle, part)
+
+    async def run() -> None:
+        first = await client.search(KEY_A, pack(one_list(x[:1])))
+        assert first.ids.tolist() == exact_ids(x, x[:1], 5)
+        assert p._channel is not None
+        p._channel.close()  # its connections shut: the kept one reads the end of the file
+        second = await client.search(KEY_A, pack(one_list(x[2:3])))
+        assert second.ids.tolist() == exact_ids(x, x[2:3], 5)
+
+    asyncio.run(run())
+    assert handle.calls == ["local_channel", "search_framed"]
+
+
 def test_other_failures_in_the_actor_are_left_to_the_ray_call(
     served: tuple[ShardPool, Any, np.ndarray], channels: channel.Channels
 ) -> None:
@@ -206,8 +227,10 @@ def test_a_cancelled_call_drops_its_connection_and_calls_beyond_the_cap_go_throu
             await held
         release.set()
         n = len(handle.calls)
-        again = await client.search(KEY_A, pack(one_list(x[:1])))
-        assert again.ids.tolist() == want and len(handle.calls) == n  # a new connection
+        # another query: an answer left unread on a reused connection would show here
+        again = await client.search(KEY_A, pack(one_list(x[5:6])))
+        assert again.ids.tolist() == exact_ids(x, x[5:6], 5)
+        assert len(handle.calls) == n  # over the socket, on a new connection
 
     asyncio.run(run())
 
@@ -235,6 +258,10 @@ def test_the_socket_is_private_and_stale_sockets_are_removed(
             return await channel.Channel(server.path).call(channel.SEARCH, b"ping")
 
         assert asyncio.run(echo()) == b"ping"
+        held = socket.socket(socket.AF_UNIX)  # a peer that stays connected
+        held.connect(server.path)
+        held.sendall(channel.HEADER.pack(4, channel.SEARCH) + b"pong")
+        assert held.recv(64) == channel.HEADER.pack(4, channel.OK) + b"pong"
     finally:
         server.close()
     assert not os.path.exists(server.path)
@@ -244,6 +271,22 @@ def test_the_socket_is_private_and_stale_sockets_are_removed(
         time.sleep(0.02)
     else:
         raise AssertionError("the server's threads outlived it")
+    held.close()
+
+
+def test_a_socket_that_is_not_there_is_a_failure_not_a_busy_channel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(channel, "MAX_CONNECTIONS", 1)
+    ch = channel.Channel(str(tmp_path / "gone.sock"))
+
+    async def run() -> None:
+        for _ in range(3):  # each a failed connection, none left counted as open
+            with pytest.raises(channel.ChannelError) as raised:
+                await ch.call(channel.SEARCH, b"x")
+            assert not isinstance(raised.value, channel.Busy)
+
+    asyncio.run(run())
 
 
 def test_a_peer_of_another_user_is_not_answered(
