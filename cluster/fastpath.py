@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shutil
 import socket
 import stat
@@ -142,7 +143,34 @@ def _private(directory: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
+# Ports picked here lie below the kernel's ephemeral range: a port picked there (by binding port
+# 0) is free when picked, but every process's outgoing connections take theirs from that range,
+# and while a service starts, one of its own took the port before HAProxy bound it (HAProxy
+# exited: "Address already in use"). And above Ray's worker ports (10002-19999 by default).
+PORTS_FROM = 20_000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing listens on now, out of the ephemeral range."""
+    below = ephemeral_ports()[0]
+    for _ in range(200) if below > PORTS_FROM + 1 else ():
+        port = random.randrange(PORTS_FROM, below)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or closing
+                continue
+            return port
+    with socket.socket() as s:  # no such range here: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; else its default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999

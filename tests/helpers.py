@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from cluster import fastpath
 
 SIFT_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "sift-5k.tsv"
 METRICS = ("euclidean", "squared_euclidean", "cosine")
@@ -99,10 +100,10 @@ def exact_knn(
 
 # -- processes ------------------------------------------------------------------------------
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, out of the kernel's
+    ephemeral range (cluster.fastpath.free_port): the processes a test starts cannot take it
+    for their own connections before the test's server binds it."""
+    return fastpath.free_port()
 
 
 @contextlib.contextmanager

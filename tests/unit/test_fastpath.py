@@ -4,6 +4,7 @@ HAProxy's life to the proxy actor that starts it."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -115,3 +116,18 @@ def test_a_service_started_from_here_gets_none_of_its_settings(
     env = fastpath.without(dict(os.environ))
     assert not set(env) & {*fastpath.ENV, *fastpath.PORTS, fastpath.BINARY}
     assert env["PATH"] == os.environ["PATH"]
+
+
+def test_ports_picked_for_the_service_lie_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port free when picked but in the ephemeral range could be taken by any process's
+    outgoing connection before the service binds it (HAProxy then exits: address in use)."""
+    low, _ = fastpath.ephemeral_ports()
+    for _ in range(50):
+        port = fastpath.free_port()
+        assert fastpath.PORTS_FROM <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # and free
+    monkeypatch.setattr(fastpath, "ephemeral_ports", lambda: (1024, 60999))
+    assert 0 < fastpath.free_port() < 65536  # no room below it: any free port
