@@ -1,7 +1,7 @@
 """Same-node calls to a pool actor over a Unix socket: the gateway's searches and small gets of
 the partitions a pool actor on its own node hosts skip Ray's task machinery.
 
-A Ray actor call costs this machine about 2 ms of a single query's time and over 1 ms of CPU
+A Ray actor call costs this machine about 2 ms of a single query's time and about 1 ms of CPU
 on each side for a search that takes 0.1 ms (docs/performance.md, Serve fast path); a round
 trip over a Unix socket, about 0.1 ms. So each pool actor answers the same calls
 (``search_framed``, ``get_packed``: bytes in, bytes out) on a socket of its own as well, and a

@@ -307,8 +307,9 @@ class ShardClient:
 
     async def search(self, key: bytes, req: bytes | ObjectRef[bytes]) -> SearchResult:
         """``req`` from :func:`packed_for`: a small one goes in one :func:`frame` with the
-        partition and the key; a large one (framing would copy it twice more) or a stored copy
-        (Ray resolves only the call's own arguments) as an argument of its own."""
+        partition and the key, over the actor's same-node socket when it has one
+        (actors.channel), else by a Ray call; a large one (framing would copy it twice more) or
+        a stored copy (Ray resolves only the call's own arguments) as an argument of its own."""
         if isinstance(req, bytes) and len(req) <= FRAMED_BYTES:
             call = frame(self._p, key, req)
             blob = await channel.call(self.handle, channel.SEARCH, call)
@@ -368,7 +369,8 @@ class ShardClient:
     async def get(
         self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:
-        """The stored fields of those of ``ids`` the partition holds (awaited)."""
+        """The stored fields of those of ``ids`` the partition holds (awaited); a few ids
+        framed and over the actor's same-node socket when it has one (actors.channel)."""
         if len(ids) <= PACKED_GET_IDS:
             call = frame(self._p, key, ids, vectors, metadata, contents)
             blob = await channel.call(self.handle, channel.GET, call)
