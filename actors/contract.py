@@ -311,13 +311,18 @@ class ShardClient:
         (actors.channel), else by a Ray call; a large one (framing would copy it twice more) or
         a stored copy (Ray resolves only the call's own arguments) as an argument of its own."""
         if isinstance(req, bytes) and len(req) <= FRAMED_BYTES:
-            call = frame(self._p, key, req)
-            blob = await channel.call(self.handle, channel.SEARCH, call)
-            if blob is None:
-                blob = await self.handle.search_framed.remote(call)
+            blob = await self._small(channel.SEARCH, "search_framed", frame(self._p, key, req))
         else:
             blob = await self.handle.search_packed.remote(self._p, key, req)
         return unpack_result(blob)
+
+    async def _small(self, call_no: int, method: str, call: bytes) -> bytes:
+        """``method``'s answer to the framed ``call``: over the actor's same-node socket
+        (actors.channel) when it takes it, else by a Ray call."""
+        blob = await channel.call(self.handle, call_no, call)
+        if blob is None:
+            blob = await getattr(self.handle, method).remote(call)
+        return blob
 
     async def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
         """The batch in :func:`pieces`, one call each, two under way at a time (the next
@@ -373,10 +378,7 @@ class ShardClient:
         framed and over the actor's same-node socket when it has one (actors.channel)."""
         if len(ids) <= PACKED_GET_IDS:
             call = frame(self._p, key, ids, vectors, metadata, contents)
-            blob = await channel.call(self.handle, channel.GET, call)
-            if blob is None:
-                blob = await self.handle.get_packed.remote(call)
-            return unpack_fetched(blob)
+            return unpack_fetched(await self._small(channel.GET, "get_packed", call))
         fetched: Fetched = await self.handle.get.remote(
             self._p, key, ids, vectors, metadata, contents
         )

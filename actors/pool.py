@@ -256,7 +256,7 @@ class ShardPool:
         started on first asking; None where no private socket can be made."""
         with self._lock:
             if self._channel is None and not self._no_channel:
-                directory = channel.private_directory()
+                directory = channel.socket_directory()
                 try:
                     if directory is None:
                         raise OSError("no private directory for the socket")

@@ -169,7 +169,7 @@ def deploy_floor(n_shards: int) -> None:
         def socket(self) -> str:
             from actors import channel
 
-            directory = channel.private_directory()
+            directory = channel.socket_directory()
             assert directory is not None, "no private directory for the socket"
             self.server = channel.ChannelServer({channel.SEARCH: self.ping}, directory)
             return self.server.path

@@ -34,9 +34,10 @@ import os
 import random
 import shutil
 import socket
-import stat
 import sys
 import tempfile
+
+from actors.channel import private_directory
 
 ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -124,10 +125,7 @@ def guard(real: str, directory: str | None = None) -> str:
     """An executable that runs ``real`` with its arguments and has it killed when its parent
     dies; written once per (interpreter, binary) into a private directory."""
     text = GUARD.format(python=sys.executable, real=real)
-    base = directory or os.path.join(tempfile.gettempdir(), f"vaultvec-{os.getuid()}")
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    if not _private(base):  # someone else's directory in a shared /tmp: never run from it
-        base = tempfile.mkdtemp(prefix="vaultvec-")
+    base = private_directory(directory) or tempfile.mkdtemp(prefix="vaultvec-")
     path = os.path.join(base, "haproxy-" + hashlib.sha256(text.encode()).hexdigest()[:12])
     if not os.path.exists(path):
         temporary = f"{path}.{os.getpid()}"
@@ -136,11 +134,6 @@ def guard(real: str, directory: str | None = None) -> str:
         os.chmod(temporary, 0o700)
         os.replace(temporary, path)  # services starting together write the same bytes
     return path
-
-
-def _private(directory: str) -> bool:
-    st = os.lstat(directory)
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 # Ports picked here lie below the kernel's ephemeral range: a port picked there (by binding port
