@@ -32,14 +32,13 @@ import os
 import pickle
 import secrets
 import socket
-import stat
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors import private
 from actors.errors import VaultvecError
 
 log = logging.getLogger("vaultvec.channel")
@@ -68,24 +67,10 @@ class Declined(ChannelError):
 
 
 # -- the pool actor's side --------------------------------------------------------------------
-def private_directory(path: str | None = None) -> str | None:
-    """``path`` (default: ``vaultvec-<uid>`` in the temp dir), made if missing, when only this
-    user may enter it; else None (someone else's directory in a shared /tmp: never used). The
-    pool actors' sockets and `vaultvec serve`'s HAProxy guard (cluster.fastpath) live there."""
-    base = path or os.path.join(tempfile.gettempdir(), f"vaultvec-{os.getuid()}")
-    try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        st = os.lstat(base)
-    except OSError:
-        return None
-    ours = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-    return base if ours else None
-
-
 def socket_directory() -> str | None:
     """Where a pool actor's socket goes: the private directory, where the kernel tells a
     socket's peer (Linux); else None."""
-    return private_directory() if hasattr(socket, "SO_PEERCRED") else None
+    return private.runtime_directory() if hasattr(socket, "SO_PEERCRED") else None
 
 
 class ChannelServer:

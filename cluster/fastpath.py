@@ -37,7 +37,8 @@ import socket
 import sys
 import tempfile
 
-from actors.channel import private_directory
+from actors import private
+from cluster import haproxy_guard
 
 ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -78,11 +79,17 @@ def apply(enabled: bool = True) -> dict[str, str]:
         for name in PORTS:
             if name not in os.environ:
                 os.environ[name] = str(free_port())
-        # PR_SET_PDEATHSIG is Linux's (elsewhere HAProxy runs as Serve starts it)
-        if BINARY not in os.environ and sys.platform.startswith("linux"):
-            if (real := haproxy_binary()) is not None:
-                os.environ[BINARY] = guard(real)
+        runtime = private.claim()
+        if not any(name in os.environ for name in HAPROXY_PATHS):
+            os.environ.update(haproxy_paths(haproxy_directory(runtime)))
+        if BINARY not in os.environ and (real := haproxy_binary()) is not None:
+            os.environ[BINARY] = guard(real)
     return {name: os.environ.get(name, "0") for name in ENV}
+
+
+def haproxy_on() -> bool:
+    """Whether Serve in this process (and the Ray it starts) runs HAProxy's ingress."""
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
 
 
 def without_ports(env: dict[str, str]) -> dict[str, str]:
@@ -93,21 +100,36 @@ def without_ports(env: dict[str, str]) -> dict[str, str]:
 def without(env: dict[str, str]) -> dict[str, str]:
     """``env`` without anything :func:`apply` sets: for a `vaultvec serve` started from this
     process, which applies its own setting (VAULTVEC_SERVE_FAST_PATH) from a clean slate."""
-    return {k: v for k, v in env.items() if k not in {*ENV, *PORTS, BINARY}}
+    own = {*ENV, *PORTS, BINARY, *HAPROXY_PATHS, LOG_TARGET, private.ENV}
+    return {k: v for k, v in env.items() if k not in own}
 
 
-BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an explicit one is kept, unguarded
+BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an explicit one is kept, as set
 
-# PR_SET_PDEATHSIG survives execv, so the guard sets it and becomes HAProxy: no process stays
-# between Serve and HAProxy, whose reloads and stats work as before. The parent is read before
-# the call so that a parent already gone by then is seen.
+# Where Serve keeps HAProxy's files (its configuration, runtime API socket, server state, the
+# socket its per-request metrics arrive on). Serve's defaults lie under a fixed
+# /tmp/haproxy-serve that any local user can make first, and own; here they lie in the private
+# runtime directory (actors.private). Serve adds the node's id as a directory of its own.
+HAPROXY_PATHS = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
+# HAProxy's access log, which Serve sends to syslog at 127.0.0.1:514 over UDP (one socket per
+# thread bound on every interface, and nothing listens there): a Unix socket in the same
+# directory instead, where nothing listens either (docs/security.md).
+LOG_TARGET = "RAY_SERVE_HAPROXY_LOG_TARGET"
+HAPROXY_DIR = "hap"
+
+# The guard (cluster.haproxy_guard) as an executable for Serve: this interpreter, without
+# site-packages (it starts at every HAProxy reload), with the guard's package on its path.
 GUARD = """#!{python} -S
-import ctypes, os, signal, sys
-parent = os.getppid()
-ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-if os.getppid() != parent:
-    sys.exit("haproxy guard: the process that started HAProxy is gone")
-os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+import sys
+sys.path.insert(0, {root!r})
+from cluster.haproxy_guard import run
+run({real!r}, sys.argv[1:])
 """
 
 
@@ -122,10 +144,13 @@ def haproxy_binary() -> str | None:
 
 
 def guard(real: str, directory: str | None = None) -> str:
-    """An executable that runs ``real`` with its arguments and has it killed when its parent
-    dies; written once per (interpreter, binary) into a private directory."""
-    text = GUARD.format(python=sys.executable, real=real)
-    base = private_directory(directory) or tempfile.mkdtemp(prefix="vaultvec-")
+    """An executable that hardens HAProxy's configuration, has it killed when its parent dies
+    and runs ``real`` with its arguments (cluster.haproxy_guard); written once per
+    (interpreter, binary) into a private directory."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(haproxy_guard.__file__)))
+    text = GUARD.format(python=sys.executable, root=root, real=real)
+    base = private.private_directory(directory) if directory else private.runtime_directory()
+    base = base or tempfile.mkdtemp(prefix="vaultvec-")
     path = os.path.join(base, "haproxy-" + hashlib.sha256(text.encode()).hexdigest()[:12])
     if not os.path.exists(path):
         temporary = f"{path}.{os.getpid()}"
@@ -134,6 +159,33 @@ def guard(real: str, directory: str | None = None) -> str:
         os.chmod(temporary, 0o700)
         os.replace(temporary, path)  # services starting together write the same bytes
     return path
+
+
+# HAProxy refuses Unix socket paths over 97 bytes, and Serve puts each node's files in a
+# directory named after the node's 56-character id: <base>/<node id>/metrics.sock.
+HAPROXY_PATH_MAX = 97
+LONGEST_FILE = len("/") + 56 + len("/metrics.sock")
+
+
+def haproxy_directory(runtime: str) -> str:
+    """A private directory for HAProxy's files: ``hap`` in the runtime directory, or, where
+    that path is too long for HAProxy's sockets (a long TMPDIR), a fresh private one in /tmp."""
+    base = os.path.join(runtime, HAPROXY_DIR)
+    if len(base) + LONGEST_FILE > HAPROXY_PATH_MAX:
+        base = tempfile.mkdtemp(prefix="vvh-", dir="/tmp")
+        if len(base) + LONGEST_FILE > HAPROXY_PATH_MAX:
+            raise OSError(f"no directory for HAProxy's sockets short enough: {base}")
+    made = private.private_directory(base)
+    if made is None:
+        raise OSError(f"cannot make a private directory for HAProxy's files: {base}")
+    return made
+
+
+def haproxy_paths(base: str) -> dict[str, str]:
+    """Serve's HAProxy path settings for files under ``base``."""
+    return {name: os.path.join(base, file) for name, file in HAPROXY_PATHS.items()} | {
+        LOG_TARGET: os.path.join(base, "log.sock")
+    }
 
 
 # Ports picked here lie below the kernel's ephemeral range: a port picked there (by binding port

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors import channel
+from actors import channel, private
 from actors.contract import ShardClient, pack
 from actors.errors import IndexRetired, Unauthorized
 from actors.pool import ShardPool
@@ -238,13 +238,14 @@ def test_a_cancelled_call_drops_its_connection_and_calls_beyond_the_cap_go_throu
 def test_the_socket_is_private_and_stale_sockets_are_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(channel.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(private.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv(private.ENV, raising=False)
     shared = tmp_path / f"vaultvec-{os.getuid()}"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)  # someone else could enter it: never used
-    assert channel.private_directory() is None
+    assert channel.socket_directory() is None
     shared.chmod(0o700)
-    assert channel.private_directory() == str(shared)
+    assert channel.socket_directory() == str(shared)
     # a socket left by a killed actor: pid 2**22 + 1 is above Linux's pid_max
     stale = shared / f"pool-{2**22 + 1}-0.sock"
     stale.touch()
