@@ -257,11 +257,6 @@ class PartitionMemory(Model):
     shard: int
     pool_actor: str = Field(description="the shard pool actor hosting the partition")
     resident_bytes: int = Field(description="what the loaded partition holds (estimate)")
-    pool_budget_bytes: int = Field(
-        description="that actor's memory budget; past it the least recently used partitions "
-        "are unloaded (0 = none)"
-    )
-    pool_resident_bytes: int = Field(description="that actor's resident memory")
 
 
 class MemoryReport(Model):

@@ -164,6 +164,9 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
             "embedding_model": cfg.embedding_model,
             "num_vectors": num,
             "recall": recall_report(engine, cfg),
+            # The index's own bytes only: the pool actors' memory moves with every index they
+            # host, so their figures would show one key holder the others' activity. They are
+            # the operator's, in GET /v1/metrics.
             "memory": {
                 "resident_bytes": sum(st.resident_bytes for st in stats),
                 "idle_ttl_s": pools[0].idle_ttl_s if pools else 0.0,
@@ -172,8 +175,6 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
                         "shard": s,
                         "pool_actor": pool.name,
                         "resident_bytes": st.resident_bytes,
-                        "pool_budget_bytes": pool.budget_bytes,
-                        "pool_resident_bytes": pool.rss_bytes,
                     }
                     for s, (st, pool) in enumerate(zip(stats, pools))
                 ],
