@@ -29,6 +29,8 @@ RUN if [ "$EMBEDDINGS" = "true" ]; then \
         pip install --no-cache-dir "ray[serve]==2.60.0" ".[postgres]"; \
     fi \
     && cd / && rm -rf /tmp/vaultvec \
-    && python -c "import serve_app.app, psycopg"
+    && python -c "import serve_app.app, psycopg" \
+    && [ "$(command -v vaultvec-haproxy)" = /home/ray/anaconda3/bin/vaultvec-haproxy ]
 
+# k8s/ runs HAProxy through vaultvec's guard at that path (RAY_SERVE_HAPROXY_BINARY_PATH).
 WORKDIR /home/ray

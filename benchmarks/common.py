@@ -323,13 +323,12 @@ class Service:
 def running_service(**overrides: Any) -> Iterator[Service]:
     """Start a private local Ray + Serve running vaultvec in this process; tear it down after.
 
-    Ray is initialised here with ``address="local"`` and its own temp dir (tests.helpers.
-    ray_tmpdir, which also holds the storage and is removed afterwards), so a Ray cluster that
-    somebody else runs on the machine is never joined.
+    Ray is started as `vaultvec serve` starts it (cluster.runtime.start_local_ray: a Ray of its
+    own, never one already running on the machine) in its own temp dir (tests.helpers.
+    ray_tmpdir, which also holds the storage and is removed afterwards).
     """
     import ray
 
-    from actors.control import NAMESPACE
     from cluster import runtime
     from serve_app.settings import Settings
 
@@ -346,13 +345,8 @@ def running_service(**overrides: Any) -> Iterator[Service]:
             **overrides,
         )
         os.environ.pop("RAY_ADDRESS", None)
-        ray.init(
-            address="local",
-            namespace=NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=1 << 30,
-        )
+        # The local Ray `vaultvec serve` starts (cluster.runtime), with a bounded object store.
+        runtime.start_local_ray(settings, object_store_memory=1 << 30)
         try:
             t0 = time.perf_counter()
             url = runtime.start(settings)

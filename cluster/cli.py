@@ -25,6 +25,8 @@ def _serve(args: argparse.Namespace) -> int:
             "shards": args.shards,
             "api_key": args.api_key,
             "api_key_file": args.api_key_file,
+            "tls_cert": args.tls_cert,
+            "tls_key": args.tls_key,
         }.items()
         if v is not None
     }
@@ -77,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key-file",
         help="read the API key(s) from this file, one per line (default: $VAULTVEC_API_KEY_FILE)",
     )
+    serve.add_argument(
+        "--tls-cert", help="serve HTTPS with this certificate chain (PEM; with --tls-key)"
+    )
+    serve.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
     serve.add_argument(
         "--api-key",
         help="API key(s), comma-separated; visible to other local users in the process list: "

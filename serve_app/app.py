@@ -15,7 +15,7 @@ from ray import serve
 from actors import channel, heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.cpus import node_cpus
-from serve_app import __version__, arrays, docs, errors, metrics
+from serve_app import __version__, arrays, docs, errors, metrics, replica_grpc
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
 from serve_app.http import ApiKeyGate, DirectRoutes, configure_replica, counted_call
@@ -117,6 +117,7 @@ def control_plane(settings: Settings) -> Any:
 @serve.ingress(fastapi_app)
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
+        replica_grpc.bind_to_node_address()
         # Request bodies and results recycled in one arena, its top kept (see actors.heap).
         heap.configure(trim_threshold=heap.GATEWAY_TRIM_THRESHOLD)
         s = Settings(**settings)

@@ -34,6 +34,7 @@ from ray import serve
 
 from actors.cpus import node_cpus
 from actors.errors import InternalError, InvalidRequest
+from serve_app import replica_grpc
 from serve_app.coalesce import Coalescer
 from serve_app.settings import Settings
 
@@ -242,6 +243,7 @@ class Embedder:
     """
 
     def __init__(self, settings: dict[str, Any]) -> None:
+        replica_grpc.bind_to_node_address()
         s = Settings(**settings)
         self.registry = ModelRegistry(
             s.embedding_models, threads=s.embedder_threads, batch_size=s.embedder_encode_batch

@@ -38,6 +38,18 @@ class Settings(BaseSettings):
         description="`vaultvec serve` starts Serve with HAProxy ingress and its throughput mode "
         "(cluster/fastpath.py); false keeps Serve's stock Python proxy",
     )
+    ray_metrics_export: bool = Field(
+        False,
+        description="a local Ray started by `vaultvec serve` exports Ray's and vaultvec's series "
+        "on Ray's per-node Prometheus port (on loopback, answering any local user); off, "
+        "GET /v1/metrics serves vaultvec's (API key). Ray clusters you start keep their own",
+    )
+    tls_cert: str | None = Field(
+        None,
+        description="serve HTTPS with this certificate (PEM, the chain after the server's own); "
+        "with tls_key",
+    )
+    tls_key: str | None = Field(None, description="the private key of tls_cert (PEM)")
     local_ray_monitors: bool = Field(
         False,
         description="a local Ray started by `vaultvec serve` also runs Ray's autoscaler monitor "
@@ -117,7 +129,14 @@ class Settings(BaseSettings):
     # Serve's HTTP proxy: end-to-end request timeout (above train_wait_s: /train waits that
     # long) and how long an idle keep-alive connection stays open.
     http_request_timeout_s: float = Field(660.0, gt=0)
-    http_keep_alive_timeout_s: float = Field(5.0, gt=0)
+    http_keep_alive_timeout_s: int = Field(
+        75,
+        ge=5,
+        description="how long an idle keep-alive connection stays open, at the ingress and at "
+        "each gateway replica's own server (HAProxy closes its idle connections to the "
+        "replicas well before: cluster/haproxy_guard.py); longer than common clients keep "
+        "idle connections, so that the client closes first",
+    )
     # Request limits (each a 422 naming it when exceeded; docs/api.md lists them).
     max_ids_per_request: int = Field(100_000, ge=1, description="ids in one get or delete")
     max_items_per_upsert: int = Field(100_000, ge=1, description="items in one upsert")
@@ -192,6 +211,46 @@ class Settings(BaseSettings):
             return value
         path = value.removeprefix("file://")
         return "file://" + str(Path(path).expanduser().resolve())
+
+    @field_validator("tls_cert", "tls_key")
+    @classmethod
+    def _readable(cls, value: str | None) -> str | None:
+        """Absolute (Ray's processes run in other directories) and readable now, not at the
+        first HTTPS handshake."""
+        if value is None:
+            return None
+        path = Path(value).expanduser().resolve()
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        return str(path)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        return self
+
+    def url(self) -> str:
+        """The base URL this machine reaches the service at."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}"
+
+    def tls_env(self) -> dict[str, str]:
+        """The certificate's paths as the environment of HAProxy's guard expects them."""
+        if self.tls_cert is None or self.tls_key is None:
+            return {}
+        return {"VAULTVEC_TLS_CERT": self.tls_cert, "VAULTVEC_TLS_KEY": self.tls_key}
+
+    def tls_options(self) -> dict[str, str]:
+        """Serve's HTTPOptions for HTTPS (its own proxy; HAProxy takes them from the
+        environment, cluster.haproxy_guard)."""
+        if self.tls_cert is None or self.tls_key is None:
+            return {}
+        return {"ssl_certfile": self.tls_cert, "ssl_keyfile": self.tls_key}
 
     @field_validator("api_key", mode="before")
     @classmethod

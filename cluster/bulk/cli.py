@@ -46,6 +46,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--url", default=None, help="service URL (default $VAULTVEC_URL or http://127.0.0.1:8000)"
     )
     p.add_argument("--api-key", help="API key (default: $VAULTVEC_API_KEY)")
+    p.add_argument(
+        "--ca-cert",
+        help="https: check the server's certificate against the CA certificates in this PEM "
+        "file (default: $VAULTVEC_CA_CERT, else the system's)",
+    )
     p.add_argument("--transport", choices=("http", "ray"), default="http")
     p.add_argument(
         "--wire", choices=("auto", "json", "binary"), default="auto", help="HTTP body format"
@@ -140,6 +145,7 @@ def _transport(args: argparse.Namespace) -> Any:
         key,
         wire=args.wire,
         max_connections=max(16, args.concurrency),
+        verify=args.ca_cert or os.environ.get("VAULTVEC_CA_CERT") or True,
     )
 
 

@@ -104,12 +104,11 @@ class RayTransport:
         import ray
         from ray import serve
 
-        from actors.control import NAMESPACE
-        from cluster.runtime import APP_NAME
+        from cluster import runtime
 
         if not ray.is_initialized():
-            ray.init(address=address or "auto", namespace=NAMESPACE, log_to_driver=False)
-        return cls(serve.get_app_handle(APP_NAME), index, key)
+            runtime.join(address)
+        return cls(serve.get_app_handle(runtime.APP_NAME), index, key)
 
     async def _call(self, method: str, *args: Any) -> Any:
         from ray.exceptions import RayActorError

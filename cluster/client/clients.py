@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import ssl
 from typing import Any, TypeVar
 
 import httpx
@@ -56,8 +57,14 @@ class _Base:
         binary_threshold: int = 64,
         max_request_bytes: int = 4 << 20,
         max_connections: int = 16,
+        verify: bool | str | ssl.SSLContext = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # https: True checks the server's certificate against the system's CAs (or the file
+        # SSL_CERT_FILE names), a path against the CA certificates in that PEM file
+        self._verify = (
+            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+        )
         self.retry = retry or Retry()
         self.binary_threshold = binary_threshold
         self.max_request_bytes = max_request_bytes
@@ -105,6 +112,7 @@ class Client(_Base):
             timeout=self._timeout,
             limits=self._limits,
             transport=transport,
+            verify=self._verify,
         )
 
     def __enter__(self) -> Client:
@@ -209,6 +217,7 @@ class AsyncClient(_Base):
             timeout=self._timeout,
             limits=self._limits,
             transport=transport,
+            verify=self._verify,
         )
 
     async def __aenter__(self) -> AsyncClient:

@@ -40,6 +40,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         wal_max_records=16,
         max_body_bytes=8 << 20,
         body_idle_timeout_s=BODY_IDLE_TIMEOUT_S,
+        ray_metrics_export=True,  # tests/integration/test_prometheus.py reads Ray's export
     )
     with ray_tmpdir("vvi"):
         url = runtime.start(settings)

@@ -98,8 +98,8 @@ class FakeParams:
 
 
 def test_local_head_starts_without_monitors(monkeypatch):
-    """``without_monitors`` sets the flags on a head node's parameters only, and puts Ray's
-    node back as it was afterwards."""
+    """``local_head`` sets the flags on a head node's parameters only, and puts Ray's node back
+    as it was afterwards."""
     from ray._private import node
 
     seen: list[tuple[bool, bool | None, bool]] = []
@@ -109,9 +109,40 @@ def test_local_head_starts_without_monitors(monkeypatch):
 
     monkeypatch.setattr(node.Node, "__init__", record)
     params = cast(Callable[[], Any], FakeParams)  # stands in for Ray's RayParams
-    with runtime.without_monitors():
+    with runtime.local_head():
         node.Node(ray_params=params(), head=True, shutdown_at_exit=False)
         node.Node(params(), head=False, connect_only=True)
     node.Node(ray_params=params(), head=True)
     assert seen == [(True, False, True), (False, None, False), (False, None, True)]
     assert Settings.model_validate({}).local_ray_monitors is False
+
+
+def test_local_head_starts_no_process_that_answers_without_the_token(monkeypatch):
+    """A local head starts no dashboard head process and a dashboard agent without its metrics
+    export (both Prometheus exporters answer anyone); asked for the metrics, the agent keeps
+    them; the raylet's other arguments and other processes are left alone."""
+    from ray._private import node, ray_constants, services
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(
+        services, "start_ray_process", lambda command, kind, *a, **k: started.append(command)
+    )
+    servers: list[Any] = []
+    monkeypatch.setattr(node.Node, "start_api_server", lambda self, **k: servers.append(k))
+    raylet = ["raylet", "--dashboard_agent_command=python agent.py --x=1", "--other"]
+    with runtime.local_head():
+        services.start_ray_process(list(raylet), ray_constants.PROCESS_TYPE_RAYLET)
+        services.start_ray_process(["gcs"], ray_constants.PROCESS_TYPE_GCS_SERVER)
+        holder = type("N", (), {})()
+        node.Node.start_api_server(holder, include_dashboard=False, raise_on_failure=False)
+        assert holder._webui_url is None and not servers
+        assert ray_constants.ENABLE_RAY_CLUSTER is False  # ports on loopback
+    with runtime.local_head(metrics=True):
+        services.start_ray_process(list(raylet), ray_constants.PROCESS_TYPE_RAYLET)
+    assert started[0] == [
+        "raylet",
+        "--dashboard_agent_command=python agent.py --x=1 --disable-metrics-collection",
+        "--other",
+    ]
+    assert started[1] == ["gcs"] and started[2] == raylet
+    assert ray_constants.ENABLE_RAY_CLUSTER is True  # put back

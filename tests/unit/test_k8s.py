@@ -614,3 +614,37 @@ def test_podmonitor_field_check_rejects_a_misspelt_field(
     (monitor,) = [o for o in copy.deepcopy(with_monitoring) if o["kind"] == "PodMonitor"]
     monitor["spec"]["podMetricsEndpoints"][0]["metricRelabellings"] = []
     assert unknown_fields(monitor) == ["endpoint 0/metricRelabellings"]
+
+
+GUARD_PATH = "/home/ray/anaconda3/bin/vaultvec-haproxy"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_containers_run_haproxy_through_the_guard(overlay: str) -> None:
+    """HAProxy's admin socket private and its stats off the network on every node
+    (cluster/haproxy_guard.py): the image's `vaultvec-haproxy`, whose path the Dockerfile
+    checks when it builds."""
+    for name, template in pod_templates(rayservice(overlay)).items():
+        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+        assert env.get(fastpath.BINARY) == GUARD_PATH, f"{overlay} {name}"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f'"$(command -v vaultvec-haproxy)" = {GUARD_PATH}' in dockerfile
+
+
+def test_prod_serves_https_with_the_tls_secret() -> None:
+    """The tls component: every Ray container has the certificate of the Secret vaultvec-tls
+    mounted read-only and named to HAProxy's guard; the workers' readiness probe speaks HTTPS."""
+    for name, template in pod_templates(rayservice("prod")).items():
+        spec = template["spec"]
+        container = spec["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"] == "vaultvec-tls", name
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+        assert mount["readOnly"] is True, name
+        for var, file in (("VAULTVEC_TLS_CERT", "tls.crt"), ("VAULTVEC_TLS_KEY", "tls.key")):
+            assert env[var] == f"{mount['mountPath']}/{file}", f"{name}: {var}"
+        assert volume["secret"]["defaultMode"] & 0o004 == 0, "the key readable by all"
+        assert spec["securityContext"]["fsGroup"] == 100, name
+        if name != "head":
+            assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS", name
