@@ -129,9 +129,12 @@ class ControlPlane:
             raise IndexNotFound(f"index {name!r} not found")
         return meta
 
-    def create_index(self, meta: IndexMeta, key: bytes, cfg: IndexConfig) -> None:
+    def create_index(
+        self, meta: IndexMeta, key: bytes, cfg: IndexConfig, max_per_owner: int = 0
+    ) -> None:
         """Persist a new index, its partitions placed on the pool; ``cfg.n_shards == 0`` picks
-        the default. Starts no process (the pool's actors run already)."""
+        the default. Starts no process (the pool's actors run already). ``max_per_owner``
+        (0: none): the indexes ``meta.owner`` (an API key's name) may hold."""
         if cfg.n_shards == 0:
             cfg = cfg.evolve(n_shards=default_shards())
         members = self.pool.members()  # Unavailable if the pool cannot start
@@ -142,6 +145,12 @@ class ControlPlane:
                 raise InvalidRequest(
                     f"the service holds {len(self._catalog)} indexes, its limit "
                     f"(VAULTVEC_MAX_INDEXES={self.options.max_indexes}); delete one first"
+                )
+            owned = sum(m.owner == meta.owner for m in self._catalog.values())
+            if max_per_owner and owned >= max_per_owner:
+                raise InvalidRequest(
+                    f"API key {meta.owner!r} holds {owned} indexes, its limit "
+                    f"(max_indexes_per_key={max_per_owner}); delete one first"
                 )
             meta = replace(meta, placement=place(meta.index_id, cfg.n_shards, members, self._load))
             persistence.write_config(self.store, key, cfg)

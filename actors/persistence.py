@@ -101,6 +101,8 @@ def write_meta(store: Store, meta: IndexMeta) -> None:
         }
     if meta.retired_epoch >= 0:
         doc["retired_epoch"] = meta.retired_epoch
+    if meta.owner:
+        doc["owner"] = meta.owner
     store.put(meta_key(meta.index_id), orjson.dumps(doc))
 
 
@@ -118,6 +120,7 @@ def read_meta(raw: bytes) -> IndexMeta:
         if rotation is None
         else KeyRotation(bytes.fromhex(rotation["salt"]), bytes.fromhex(rotation["verifier"])),
         retired_epoch=int(doc.get("retired_epoch", -1)),
+        owner=str(doc.get("owner", "")),
     )
 
 

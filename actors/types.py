@@ -127,6 +127,7 @@ class IndexMeta:
     epoch: int = 0
     rotation: KeyRotation | None = None  # set while a rotation to epoch + 1 is under way
     retired_epoch: int = -1  # >= 0: an earlier epoch whose blobs are still being deleted
+    owner: str = ""  # the name of the API key that created it (quotas); "" before names
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,14 @@ Measured against Serve's stock settings side by side in docs/performance.md (Ser
 it is imported, in every process: they are set here before anything imports ``ray.serve``, and
 a local Ray started afterwards passes them to its processes. A Ray cluster you start yourself
 (``ray start``, KubeRay) needs them in its nodes' environment (docs/deployment.md).
-Trade-off: HAProxy makes the replicas' own HTTP ports listen on every interface (each still
-answers only requests with the API key), and it speaks plain HTTP: terminate TLS in front.
+Trade-off: HAProxy makes the replicas' own HTTP ports listen on the ``--host`` interface (each
+answers only requests with the API key, in plain HTTP).
 
-HAProxy is a process of its own, started by Serve's proxy actor. Ray's processes end with the
-process that started them, HAProxy did not: a killed ``vaultvec serve`` left it holding the HTTP
-port, and the restart failed to bind. So Serve starts it through a guard (:func:`guard`) that
-asks the kernel to kill it when the proxy actor that started it dies, then becomes HAProxy.
+HAProxy is a process of its own, started by Serve's proxy actor, here through vaultvec's guard
+(:func:`guard`, cluster.haproxy_guard): it makes Serve's configuration safe (a private admin
+socket, no side listener on the network, TLS), has HAProxy killed when the proxy actor that
+started it dies (a killed ``vaultvec serve`` left it holding the HTTP port), then becomes
+HAProxy. Serve's HAProxy files go to the private runtime directory (actors.private).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ and Prometheus exporter bind every interface without authentication. Before HAPr
   that certificate (the two files joined into ``tls.pem`` beside the configuration, 0600, as
   HAProxy wants them).
 
+- ``option forwardfor`` in the defaults: the replicas learn each client's address (the audit
+  log records it, serve_app/audit.py);
 - HAProxy's idle connections to the gateway replicas are purged fast enough (each
   ``pool-purge-delay`` half of them close) that it always closes them before the replica does
   (its keep-alive is the ``timeout http-keep-alive`` of the configuration's defaults): a
@@ -87,10 +89,19 @@ def harden(text: str, directory: str, tls_pem: str | None = None) -> str:
     out = []
     section = name = ""
     purge = purge_delay_ms(text)
+    forwardfor = "option forwardfor" in text
     for line in text.splitlines():
         header = _SECTION.match(line)
         if header:
             section, name = header.group(1), header.group(2)
+        elif (
+            section == "defaults"
+            and header is None
+            and not forwardfor
+            and line.strip() == "mode http"
+        ):
+            forwardfor = True
+            line = f"{line}\n    option forwardfor"
         elif (
             section == "backend"
             and purge is not None

@@ -15,7 +15,7 @@ from ray import serve
 from actors import channel, heap
 from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.cpus import node_cpus
-from serve_app import __version__, arrays, docs, errors, metrics, replica_grpc
+from serve_app import __version__, arrays, audit, docs, errors, metrics, replica_grpc
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.engine import Engine
 from serve_app.http import ApiKeyGate, DirectRoutes, configure_replica, counted_call
@@ -70,9 +70,14 @@ def create_app() -> FastAPI:
         json_routes=json_routes(routers, "/v1"),
         open_if={"/v1/metrics": "metrics_public"},
     )
-    # Outermost: every request is counted, those the gate refuses too.
+    # Every request is counted, those the gate refuses too.
     paths = {"/v1" + r.path for router in routers for r in router.routes if isinstance(r, APIRoute)}
     app.add_middleware(metrics.RequestMetrics, routes=paths | set(docs.PATHS))
+    # Outermost: the request's context (who, which index) opens here and the audit log records
+    # the request when it ends; the health check and the docs read nothing and are not logged.
+    app.add_middleware(
+        audit.Audit, unaudited={"/v1/health", *docs.PATHS, docs.ASSETS + "/"}, routes=paths
+    )
     return app
 
 
@@ -134,6 +139,7 @@ class Gateway:
         channel.CHANNELS.enable(s.local_channel)  # same-node shard calls off Ray's path
         # DeploymentHandle of the Embedder (text -> vectors)
         configure_replica(s, engine, embedder)
+        audit.configure(s.audit_target(), s.audit_log_max_bytes, s.audit_log_backups)
         metrics.start_reporting(engine)  # this replica's series to Ray and the control plane
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
         # large batch is worth the cores.
@@ -155,7 +161,7 @@ class Gateway:
     ) -> dict[str, Any]:
         """Top-k of a (nq, d) float32 matrix, compact: see serve_app.arrays.handle_query."""
         with counted_call(getattr(queries, "nbytes", 0)):
-            async with metrics.track("ray:query_arrays"):
+            async with audit.call("ray:query_arrays"):
                 return await arrays.handle_query(
                     index_name, index_key, queries, top_k, n_probes, filters, greedy, include
                 )
@@ -171,7 +177,7 @@ class Gateway:
     ) -> int:
         """Upsert rows of a (n, d) float32 matrix under ``ids``; returns the count."""
         with counted_call(getattr(vectors, "nbytes", 0)):
-            async with metrics.track("ray:upsert_arrays"):
+            async with audit.call("ray:upsert_arrays"):
                 return await arrays.handle_upsert(
                     index_name, index_key, ids, vectors, metadata, contents
                 )

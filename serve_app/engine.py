@@ -39,6 +39,7 @@ from actors.types import (
     UpsertBatch,
     shard_assignment,
 )
+from serve_app import context
 from serve_app import metrics as stages
 from serve_app.coalesce import Coalescer
 from serve_app.probing import RecallMonitor, overlap
@@ -181,6 +182,7 @@ class Engine:
     async def keys(self, name: str, key_hex: str) -> tuple[IndexMeta, IndexKeys]:
         """Verify ``key_hex`` against the index's stored verifier (constant time), from the
         cached entry, then from a fresh one (the key may have been rotated since)."""
+        context.note(index=name)
         key = parse_index_key(key_hex)
         for fresh in (False, True):
             cached = None if fresh else self._metas.get(name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import re
 import threading
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Mapping
@@ -23,8 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import heap
 from actors.errors import PayloadTooLarge
+from serve_app import context, keys
 from serve_app.engine import retry_stale, within
 from serve_app.errors import error_response, response_for
+from serve_app.limits import RateLimiter
+from serve_app.settings import NO_LIMITS, Limits
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -120,11 +122,13 @@ async def require_api_key(given: str | None = Security(API_KEY_HEADER)) -> None:
     dependency runs only after FastAPI has read and parsed the whole body."""
 
 
-def key_matches(given: bytes, keys: Collection[str]) -> bool:
-    ok = False
-    for key in keys:  # compare against every key: timing does not reveal which matched
-        ok |= hmac.compare_digest(given, key.encode())
-    return ok
+def over_rate(name: str, limits: Limits, wait: int) -> Response:
+    return error_response(
+        429,
+        f"API key {name!r} is over its rate of {limits.rate_limit_rps:g} requests/s "
+        f"(rate_limit_rps): retry after {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
 
 
 _MEDIA_TYPE = re.compile(rb"[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}")
@@ -185,13 +189,19 @@ class ApiKeyGate:
                 given = value
             elif name == b"content-type" and content_type is None:
                 content_type = value
+        key = keys.match(given, REPLICA.keys) if given else None
         if not given:
             refusal = error_response(401, "missing X-API-Key header")
-        elif not key_matches(given, REPLICA.settings.api_key if REPLICA.settings else ()):
+        elif key is None:
             refusal = error_response(401, "invalid API key")
+        elif wait := REPLICA.limiter.wait(key.name):
+            context.note(key=key.name)
+            refusal = over_rate(key.name, REPLICA.limiter.limits(key.name), wait)
         elif (scope["method"], self.path(scope)) in self.json_routes and not is_json(content_type):
+            context.note(key=key.name)
             refusal = error_response(415, not_json_detail(content_type))
         else:
+            context.note(key=key.name, limits=REPLICA.limiter.limits(key.name))
             await tidied(self.app, scope, receive, send)
             return
         await refusal(scope, receive, send)  # sends the answer only: never calls receive()
@@ -338,6 +348,8 @@ class _Replica:
     settings: Any = None
     engine: Any = None
     embedder: Any = None  # DeploymentHandle of the Embedder deployment (None: no text search)
+    keys: tuple[keys.ApiKey, ...] = ()
+    limiter: RateLimiter = RateLimiter(lambda name: NO_LIMITS)
 
 
 REPLICA = _Replica()
@@ -347,6 +359,11 @@ def configure_replica(settings: Any, engine: Any, embedder: Any = None) -> None:
     REPLICA.settings = settings
     REPLICA.engine = engine
     REPLICA.embedder = embedder
+    if settings is None:  # unconfigured (tests put an earlier state back)
+        REPLICA.keys, REPLICA.limiter = (), RateLimiter(lambda name: NO_LIMITS)
+        return
+    REPLICA.keys = settings.api_keys()
+    REPLICA.limiter = RateLimiter(settings.limits, settings.gateway_replicas)
 
 
 def engine_of(request: Request) -> Any:

@@ -129,6 +129,21 @@ def record(route: str, status: int, seconds: float, stages: dict[str, float]) ->
         STAGES.observe((route, stage), spent)
 
 
+class StatusSend:
+    """An ASGI ``send`` that notes the status the app answers (500 until it answers one)."""
+
+    __slots__ = ("send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class RequestMetrics:
     """Pure ASGI middleware recording every HTTP request (outermost: API-key refusals, 404s and
     405s count too). ``routes``: the paths the app serves (the route label's values)."""
@@ -143,16 +158,9 @@ class RequestMetrics:
             return
         timer = Timer(perf_counter())
         token = _TIMER.set(timer)
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sender = StatusSend(send)
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, sender)
         finally:
             _TIMER.reset(token)
             path = scope["path"]
@@ -160,7 +168,7 @@ class RequestMetrics:
             if root and path.startswith(root):
                 path = path[len(root) :]
             route = path if path in self.routes else OTHER
-            record(route, status, perf_counter() - timer.start, timer.stages)
+            record(route, sender.status, perf_counter() - timer.start, timer.stages)
 
 
 class track:

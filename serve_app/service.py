@@ -18,7 +18,7 @@ import orjson
 from actors.errors import InvalidRequest
 from actors.strings import StringBlock
 from actors.types import UpsertBatch
-from serve_app import text
+from serve_app import context, text
 from serve_app.engine import CachedView, Engine, Hits
 from serve_app.metrics import lap, now, started
 from serve_app.params import Fields, QueryParams, UpsertRows, distinct, unique_ids
@@ -58,6 +58,7 @@ async def unlock(engine: Engine, name: str, key: str) -> CachedView:
 # -- the JSON answer (/v1/vectors/query, /v1/vectors/query_binary) --------------------------
 async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
     """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
+    context.note(items=len(x))
     cv = await unlock(engine, params.index_name, params.index_key)
     return await json_answer(engine, cv, params, x, single)
 
@@ -66,6 +67,7 @@ async def query_text_json(
     engine: Engine, embedder: Any, params: QueryParams, query_text: str
 ) -> bytes:
     """The JSON answer to a text query, embedded with the index's model: one flat list."""
+    context.note(items=1)
     cv = await unlock(engine, params.index_name, params.index_key)
     model = text.index_model(cv.config, "query_contents")
     x = await text.embed_query(embedder, model, query_text)
@@ -124,6 +126,7 @@ class ArrayHits:
 
 async def query_arrays(engine: Engine, params: QueryParams, x: np.ndarray) -> ArrayHits:
     """Top-k for the (nq, d) float32 matrix ``x`` (already finite and 2-D)."""
+    context.note(items=len(x))
     cv = await unlock(engine, params.index_name, params.index_key)
     hits = await query(engine, cv, params, x)
     fields = params.fields
@@ -168,7 +171,9 @@ async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray)
     """Store ``rows`` with their vectors ``x`` (n, d)."""
     t = now()
     ids = rows.ids
+    context.note(items=len(ids))
     unique_ids(ids, "items ids")
+    await check_items_quota(engine, cv, ids)
     cv = await fix_dimension(engine, cv, x.shape[1])
     cfg = cv.config
     check_dimension(x, cfg.dimension, rows.field)
@@ -192,6 +197,26 @@ async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray)
     engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
     lap("write", t)
     return len(ids)
+
+
+async def check_items_quota(engine: Engine, cv: CachedView, ids: list[str]) -> None:
+    """Refuse an upsert that would grow the index past its API key's ``max_items_per_index``:
+    the items it holds now and the ids it does not hold yet (only looked up when the plain sum
+    is over the limit). Upserts under way together may each pass: the index can end up over the
+    limit by what they carry at most."""
+    ctx = context.current()
+    limit = ctx.limits.max_items_per_index if ctx is not None and ctx.limits else 0
+    if not limit:
+        return
+    held, _ = await engine.count(cv)
+    if held + len(ids) <= limit:
+        return
+    new = len(ids) - len(await engine.fetch(cv, ids, False, False, False))
+    if held + new > limit:
+        raise InvalidRequest(
+            f"API key {ctx.key!r} may grow an index to {limit} items (max_items_per_index): "  # type: ignore[union-attr]
+            f"{cv.config.name!r} holds {held}, this upsert adds {new}"
+        )
 
 
 async def fix_dimension(engine: Engine, cv: CachedView, dimension: int) -> CachedView:

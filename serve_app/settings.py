@@ -9,17 +9,45 @@ key generated on first start and kept in the data directory (see ``cluster.runti
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from actors.control import EngineOptions
+from serve_app import keys
 
 # The engine's defaults: the settings that configure it take theirs from here (written once).
 ENGINE = EngineOptions(store_url="")
+
+
+class Quota(BaseModel):
+    """Limits of one API key (0 = none); a field left out takes the service-wide setting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate_limit_rps: float | None = Field(None, ge=0)
+    rate_limit_burst: int | None = Field(None, ge=0)
+    max_indexes_per_key: int | None = Field(None, ge=0)
+    max_items_per_index: int | None = Field(None, ge=0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits that apply to one API key."""
+
+    rate_limit_rps: float
+    rate_limit_burst: int
+    max_indexes_per_key: int
+    max_items_per_index: int
+
+
+NO_LIMITS = Limits(
+    rate_limit_rps=0, rate_limit_burst=1, max_indexes_per_key=0, max_items_per_index=0
+)
 
 
 class Settings(BaseSettings):
@@ -29,6 +57,37 @@ class Settings(BaseSettings):
     api_key_file: str | None = Field(
         None, description="read the API key(s) from this file (one per line or comma-separated)"
     )
+    # Quotas per API key (serve_app/limits.py; docs/security.md, Quotas). 0 = no limit.
+    rate_limit_rps: float = Field(
+        0,
+        ge=0,
+        description="requests per second one API key may send (a token bucket; over it: 429 "
+        "with Retry-After); each gateway replica takes its share; 0 = no limit",
+    )
+    rate_limit_burst: int = Field(
+        0, ge=0, description="requests above the rate a key may send at once; 0 = one second's"
+    )
+    max_indexes_per_key: int = Field(
+        0, ge=0, description="indexes one API key may create and hold; 0 = no limit"
+    )
+    max_items_per_index: int = Field(
+        0, ge=0, description="items an upsert with one API key may grow an index to; 0 = no limit"
+    )
+    quotas: Annotated[dict[str, Quota], NoDecode] = Field(
+        default_factory=dict,
+        description='per API key name, limits of its own: JSON, e.g. {"batch": '
+        '{"rate_limit_rps": 5, "max_items_per_index": 1000000}}',
+    )
+    audit_log: str = Field(
+        "auto",
+        description="where the audit log goes (serve_app/audit.py): a file path, stdout, off, or "
+        "auto (audit.jsonl in the data directory with a directory store, else the gateway's "
+        "standard output)",
+    )
+    audit_log_max_bytes: int = Field(
+        100 << 20, ge=1024, description="an audit log file past this is rotated"
+    )
+    audit_log_backups: int = Field(5, ge=0, description="rotated audit log files kept")
     storage: str = "file://./vaultvec-data"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -271,6 +330,45 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_key_file {self.api_key_file} holds no key")
             self.api_key = keys
         return self
+
+    @model_validator(mode="after")
+    def _named_keys(self) -> Settings:
+        keys.parse_all(self.api_key)  # every entry a key or name:key, names distinct
+        return self
+
+    def api_keys(self) -> tuple[keys.ApiKey, ...]:
+        return keys.parse_all(self.api_key)
+
+    @field_validator("quotas", mode="before")
+    @classmethod
+    def _parse_quotas(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def limits(self, key_name: str | None) -> Limits:
+        """The limits of the API key named ``key_name`` (its own quota over the defaults)."""
+        own = self.quotas.get(key_name or "") or Quota.model_validate({})
+
+        def pick(name: str) -> Any:
+            value = getattr(own, name)
+            return getattr(self, name) if value is None else value
+
+        rps = float(pick("rate_limit_rps"))
+        return Limits(
+            rate_limit_rps=rps,
+            rate_limit_burst=int(pick("rate_limit_burst")) or max(1, math.ceil(rps)),
+            max_indexes_per_key=int(pick("max_indexes_per_key")),
+            max_items_per_index=int(pick("max_items_per_index")),
+        )
+
+    def audit_target(self) -> str | None:
+        """The audit log's file, ``stdout``, or None (off)."""
+        if self.audit_log == "off":
+            return None
+        if self.audit_log != "auto":
+            return self.audit_log
+        if self.storage.startswith("file://"):
+            return str(Path(self.storage.removeprefix("file://")) / "audit" / "audit.jsonl")
+        return "stdout"
 
     @field_validator("embedding_models", mode="before")
     @classmethod

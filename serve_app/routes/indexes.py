@@ -12,7 +12,7 @@ from actors.errors import InvalidRequest
 from actors.partition import default_pq_dim
 from actors.training import TrainParams
 from actors.types import IndexConfig, IndexMeta
-from serve_app import text
+from serve_app import context, text
 from serve_app.errors_doc import BODY_ERRORS, CONFLICT, ERRORS
 from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
 from serve_app.models import (
@@ -90,6 +90,8 @@ def refuse_unsupported(body: CreateIndexRequest) -> None:
 @router.post("/create", response_model=StatusResponse, responses={**BODY_ERRORS, **CONFLICT})
 async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
     engine, settings = engine_of(request), settings_of(request)
+    ctx = context.current()
+    context.note(index=body.index_name)
     refuse_unsupported(body)
     if body.index_key is None:
         raise InvalidRequest("index_key is required: 64 hex characters (32 bytes)")
@@ -112,7 +114,8 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
     salt = new_salt()
     keys = derive_keys(key, body.index_name, salt)
-    meta = IndexMeta(body.index_name, new_index_id(), salt, keys.verifier)
+    owner = (ctx.key or "") if ctx is not None else ""
+    meta = IndexMeta(body.index_name, new_index_id(), salt, keys.verifier, owner=owner)
     cfg = IndexConfig(
         name=body.index_name,
         index_id=meta.index_id,
@@ -127,7 +130,8 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         recall_target=settings.recall_target,
         n_lists_requested=body.n_lists or cfg_in.n_lists or None,
     )
-    await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg))
+    max_per_owner = ctx.limits.max_indexes_per_key if ctx is not None and ctx.limits else 0
+    await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg, max_per_owner))
     engine.forget(body.index_name)
     return JSON({"status": "success", "message": f"Index '{body.index_name}' created"})
 

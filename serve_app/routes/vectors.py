@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from actors.errors import InvalidRequest
 from actors.filters import parse_filter
-from serve_app import service
+from serve_app import context, service
 from serve_app.engine import CachedView, Engine
 from serve_app.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http import (
@@ -91,6 +91,7 @@ INLINE_RESULTS = 4096
 async def get(body: GetRequest, request: Request) -> Response:
     engine: Engine = engine_of(request)
     Limits.of(settings_of(request)).check_ids(body.ids)
+    context.note(items=len(body.ids))
     cv = await engine.view(body.index_name, body.index_key)
     results = await fetch(engine, cv, body.ids, body.include)
     if len(results) <= INLINE_RESULTS:
@@ -105,6 +106,7 @@ async def fetch(
 ) -> list[dict[str, Any]]:
     """The stored items of ``ids`` (each once, unknown ones left out) in the order asked."""
     ids = distinct(ids)
+    context.note(items=len(ids))
     if not ids:
         return []
     if any(not i for i in ids):
@@ -118,8 +120,10 @@ async def fetch(
 async def delete(body: DeleteRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     Limits.of(settings_of(request)).check_ids(body.ids)
+    context.note(items=len(body.ids))
     cv = await engine.view(body.index_name, body.index_key)
     ids = distinct(body.ids)
+    context.note(items=len(ids))
     if any(not i for i in ids):
         raise InvalidRequest("ids contains an empty id")
     n = await engine.delete(cv, ids)
@@ -131,6 +135,7 @@ async def list_ids(body: IndexRequest, request: Request) -> JSON:
     engine: Engine = engine_of(request)
     cv: CachedView = await engine.view(body.index_name, body.index_key)
     ids = await engine.list_ids(cv)
+    context.note(items=len(ids))
     return JSON({"ids": ids, "count": len(ids)})
 
 
@@ -154,6 +159,7 @@ async def query_metadata(body: QueryMetadataRequest, request: Request) -> JSON:
     cv = await engine.view(body.index_name, body.index_key)
     node = parse_filter(body.filters or None)
     ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
+    context.note(items=len(ids))
     if body.include:
         results = await fetch(engine, cv, ids, body.include)
     else:

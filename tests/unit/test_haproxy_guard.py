@@ -46,6 +46,7 @@ def test_the_admin_socket_becomes_private_and_side_listeners_leave_the_network()
     assert "  bind unix@/run/hap/stats.sock mode 600\n" in out
     assert "    bind 127.0.0.1:8000\n" in out  # the API, untouched
     assert "server SERVE_REPLICA_a 127.0.0.1:30000 check" in out  # backends are not listeners
+    assert "defaults\n    mode http\n    option forwardfor\n" in out  # clients' addresses
     assert harden(out, "/run/hap") == out  # idempotent: reloads rewrite what was rewritten
 
 

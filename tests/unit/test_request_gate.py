@@ -233,3 +233,31 @@ def test_serve_and_the_router_name_each_route_by_its_own_path(app):
                     r for r in first.original_router.routes if r.matches(inner)[0] is Match.FULL
                 )
             assert first.path == path.removeprefix("/v1")
+
+
+def test_a_key_over_its_rate_is_429_with_retry_after_while_another_is_served() -> None:
+    """A key's token bucket runs dry: 429, Retry-After in whole seconds, nothing of the body
+    read; another key goes on; the health check is never limited."""
+    clock = [1000.0]
+    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
+    settings = Settings(
+        api_key=["alice:a-key", "bob:b-key"],
+        quotas={"alice": {"rate_limit_rps": 0.5, "rate_limit_burst": 2}},
+    )
+    http.configure_replica(settings, None)
+    http.REPLICA.limiter.clock = lambda: clock[0]
+    try:
+        app = create_app()
+        alice, bob = {"x-api-key": "a-key"}, {"x-api-key": "b-key"}
+        assert [call(app, "GET", "/v1/nope", alice)[0] for _ in range(2)] == [404, 404]
+        status, headers, body, received = call(app, "POST", "/v1/vectors/query", alice)
+        assert (status, received) == (429, 0)
+        assert headers["retry-after"] == "2"  # 0.5 tokens/s: a whole token in 2 s
+        assert "'alice'" in contract_error(429, body) and "a-key" not in body.decode()
+        assert all(call(app, "GET", "/v1/nope", bob)[0] == 404 for _ in range(20))
+        assert all(call(app, "GET", "/v1/health", alice)[0] == 200 for _ in range(5))
+        clock[0] += 2.0  # one token back
+        assert call(app, "GET", "/v1/nope", alice)[0] == 404
+        assert call(app, "GET", "/v1/nope", alice)[0] == 429
+    finally:
+        http.configure_replica(*saved)
