@@ -360,10 +360,15 @@ def running_service(**overrides: Any) -> Iterator[Service]:
 
 
 # -- the project's client, set up for a benchmark --------------------------------------------
+# What clients check an HTTPS service's certificate against (a CA file of the run's own, for a
+# service started with a certificate made for it: serve_modes.py's tls mode).
+VERIFY: bool | str = True
+
+
 def connect(url: str, **options: Any) -> Client:
     """cluster.client.Client with the run's API key, a long timeout and requests of up to
     64 MiB (so that one upsert batch of a benchmark is one request)."""
-    options = {"timeout": 1800.0, "max_request_bytes": 64 << 20, **options}
+    options = {"timeout": 1800.0, "max_request_bytes": 64 << 20, "verify": VERIFY, **options}
     return Client(url, API_KEY, **options)
 
 

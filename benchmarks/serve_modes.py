@@ -1,7 +1,8 @@
 """Single queries and many clients under Serve's stock settings, under vaultvec's default
 (Serve's fast path, cluster/fastpath.py, and the same-node channel to the shards,
-actors/channel.py) and under the default with every shard call through Ray ("ray-calls"), side
-by side in one run.
+actors/channel.py), under the default with every shard call through Ray ("ray-calls") and
+under the default serving HTTPS ("tls": HAProxy terminates TLS with a certificate made for the
+run, clients on kept-alive connections), side by side in one run.
 
 Each mode runs in its own interpreter (Serve reads its switches at import): a private local Ray
 + Serve running vaultvec (benchmarks/common.py), one ``--n`` x 128 index (trained), the bare
@@ -45,8 +46,9 @@ from cluster.client import generate_key
 from tests.helpers import clustered, run_threads
 
 # stock: Serve's and Ray's own settings; default: vaultvec serve's; ray-calls: the default with
-# the same-node channel off (VAULTVEC_LOCAL_CHANNEL=false), every shard call through Ray.
-MODES = ("stock", "default", "ray-calls")
+# the same-node channel off (VAULTVEC_LOCAL_CHANNEL=false), every shard call through Ray; tls:
+# the default over HTTPS (--tls-cert/--tls-key).
+MODES = ("stock", "default", "ray-calls", "tls")
 CLIENTS = (1, 8, 32)
 QUERY_ROUTE = 'route="/v1/vectors/query"'
 REPORT_S = 6.0  # gateway replicas push their series to the control plane every 5 s
@@ -134,7 +136,7 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
 
     x = clustered(n, 128, seed=1)
     ids = [str(i) for i in range(n)]
-    service = common.running_service(local_channel=mode != "ray-calls")
+    service = common.running_service(local_channel=mode != "ray-calls", **tls_settings(mode))
     with service as svc, common.connect(svc.url) as client:
         key = generate_key()
         idx = client.create_index("modes", key, dimension=128)
@@ -203,6 +205,27 @@ def child(mode: str, n: int, single: int, seconds: float) -> dict[str, Any]:
         "cpu": per_request,
         "load": loads,
     }
+
+
+def tls_settings(mode: str) -> dict[str, str]:
+    """For the tls mode: a CA made for the run (trustme), a certificate for 127.0.0.1 from it
+    (the service's settings) and the CA as what every client of the run checks against."""
+    if mode != "tls":
+        return {}
+    import tempfile
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    base = tempfile.mkdtemp(prefix="vv-tls-")
+    chain, key, ca_pem = (os.path.join(base, f) for f in ("chain.pem", "key.pem", "ca.pem"))
+    with open(chain, "wb") as f:
+        f.write(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(key)
+    ca.cert_pem.write_to_path(ca_pem)
+    common.VERIFY = ca_pem
+    return {"tls_cert": chain, "tls_key": key}
 
 
 def run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -65,9 +65,6 @@ def start(settings: Settings) -> str:
     """Start (or join) Ray, start Serve on host:port, deploy the app; returns the base URL."""
     if not ray.is_initialized():
         address = settings.ray_address or os.environ.get("RAY_ADDRESS")
-        # HAProxy's guard reads the certificate's paths from the environment it inherits
-        # (cluster.haproxy_guard).
-        os.environ.update(settings.tls_env())
         if address:
             ray.init(
                 address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False
@@ -104,6 +101,9 @@ def start_local_ray(settings: Settings, **init: Any) -> None:
     runtime = private.claim()
     temp_dir = os.environ.get("RAY_TMPDIR") or os.path.join(runtime, "ray")
     os.environ.update(LOOPBACK)
+    # HAProxy's guard reads the certificate's paths from the environment it inherits
+    # (cluster.haproxy_guard); on a cluster you start, each node's environment has them.
+    os.environ.update(settings.tls_env())
     # Ray turns its token on for a new local cluster unless RAY_AUTH_MODE says otherwise (and
     # reads that mode when it is imported: it is not set here); the token is ours, private.
     if os.environ.get(AUTH_MODE, "token") == "token" and not (

@@ -12,6 +12,7 @@ behind it, must refuse data without the API key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -35,9 +36,24 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     storage = tmp_path_factory.mktemp("exposure") / "store"
+    BEFORE.update(tmp_entries())
     with served.serve(storage, "--host", "127.0.0.1") as srv:
         traffic(srv)
         yield srv
+
+
+BEFORE: set[Path] = set()
+
+
+def tmp_entries() -> set[Path]:
+    """/tmp's entries and theirs (two levels: Serve's fixed /tmp/haproxy-serve/<node id>)."""
+    found = set()
+    for top in Path("/tmp").iterdir():
+        found.add(top)
+        if top.is_dir() and not top.is_symlink():
+            with contextlib.suppress(PermissionError):
+                found.update(top.iterdir())
+    return found
 
 
 def traffic(srv: Served) -> None:
@@ -59,13 +75,12 @@ def traffic(srv: Served) -> None:
 
 def roots(srv: Served) -> list[Path]:
     """Where the service keeps files: its TMPDIR (the runtime directory, Ray's session files),
-    its store, and whatever appeared directly in /tmp while it ran (Serve's and Ray's fixed
-    defaults live there)."""
-    started = srv.tmpdir.stat().st_mtime - 5
+    its store, and whatever appeared in /tmp since it started (Serve's and Ray's fixed defaults
+    live there)."""
     fresh = [
         p
-        for p in Path("/tmp").iterdir()
-        if p != srv.tmpdir and p.lstat().st_ctime >= started and p.lstat().st_uid == os.getuid()
+        for p in sorted(tmp_entries() - BEFORE)
+        if srv.tmpdir not in (p, *p.parents) and p.exists() and p.lstat().st_uid == os.getuid()
     ]
     return [srv.tmpdir, srv.storage, *fresh]
 
