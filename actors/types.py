@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from actors.filters import FilterNode
-from actors.strings import StringBlock
+from actors.engine.filters import FilterNode
+from actors.engine.strings import StringBlock
 
 INDEX_TYPES = ("ivfflat", "ivf", "ivfpq")
 METRICS = ("euclidean", "squared_euclidean", "cosine")
@@ -46,7 +46,7 @@ class IndexConfig:
     # before it existed) = the fixed table.
     probe_table: tuple[tuple[int, int, float, float], ...] = ()
     # The key epoch (IndexMeta.epoch) whose data key seals this config and the templates: it
-    # says where they are stored (actors.persistence.epoch_prefix).
+    # says where they are stored (actors.storage.persistence.epoch_prefix).
     key_epoch: int = 0
 
     @property
@@ -104,7 +104,7 @@ def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) ->
 
 @dataclass(frozen=True)
 class KeyRotation:
-    """A key rotation under way (actors.rotation): the next key epoch's salt and verifier."""
+    """A key rotation under way (actors.control.rotation): the next key epoch's salt and verifier."""
 
     salt: bytes
     verifier: bytes
@@ -123,7 +123,7 @@ class IndexMeta:
     # control plane at creation, empty until then.
     placement: tuple[str, ...] = ()
     # Key epoch: each key rotation moves the index to the next one; ``salt`` and ``verifier``
-    # are this epoch's, and its blobs live under actors.persistence.epoch_prefix.
+    # are this epoch's, and its blobs live under actors.storage.persistence.epoch_prefix.
     epoch: int = 0
     rotation: KeyRotation | None = None  # set while a rotation to epoch + 1 is under way
     retired_epoch: int = -1  # >= 0: an earlier epoch whose blobs are still being deleted
@@ -139,7 +139,7 @@ class Partition:
     shard_no: int
 
     def encode(self) -> str:
-        """The form a call to a pool actor carries (:class:`actors.contract.ShardClient`): Ray
+        """The form a call to a pool actor carries (:class:`actors.pool.client.ShardClient`): Ray
         passes a str argument for 40-60 us less per call than the dataclass, counting both ends
         (benchmarks/shard_hop.py)."""
         return f"{self.shard_no}:{self.index_id}:{self.name}"
@@ -209,7 +209,7 @@ class SearchResult:
     matched: int = 0  # live items on this shard that the filter matches (all, without one)
 
 
-# Kinds of query whose probing scale the gateway fits apart (serve_app.probing): 0 unfiltered
+# Kinds of query whose probing scale the gateway fits apart (serve_app.gateway.probing): 0 unfiltered
 # (or a filter matching at least BROAD of the items), 1 a broad filter, 2 a selective one
 # (matching less than SELECTIVE).
 BROAD, SELECTIVE = 0.95, 0.3

@@ -61,8 +61,8 @@ from common import (
     upsert_batches,
 )
 
-from actors.partition import rank_lists
-from actors.training import auto_n_lists
+from actors.control.training import auto_n_lists
+from actors.engine.ivf import rank_lists
 from cluster import bulk
 from cluster.client import generate_key
 from tests.helpers import clustered, exact_knn

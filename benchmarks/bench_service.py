@@ -73,9 +73,9 @@ from common import (
     upsert_batches,
 )
 
-from actors.partition import rank_lists
-from actors.shard import TRIM_AFTER_WRITES_S
-from actors.training import TrainParams, auto_n_lists, sample_size, train_template
+from actors.control.training import TrainParams, auto_n_lists, sample_size, train_template
+from actors.engine.ivf import rank_lists
+from actors.engine.shard import TRIM_AFTER_WRITES_S
 from cluster.client import Client, generate_key
 from tests.helpers import clustered, exact_knn
 
@@ -138,7 +138,7 @@ def raw_index(
         index.own_fields = True  # the index owns (and keeps alive) its quantizer
         quantizer.this.disown()
     else:
-        # The service's own recipe: same sample-size rule, same k-means (actors.training).
+        # The service's own recipe: same sample-size rule, same k-means (actors.control.training).
         size = sample_size(n_lists, service_n, d, None)
         rows = np.sort(np.random.default_rng(0).choice(len(x), size, replace=False))
         index = train_template(x[rows], "ivfflat", n_lists, None, None, TrainParams())
@@ -153,7 +153,7 @@ def deploy_floor(n_shards: int) -> None:
     POST /floor/body reads the body and answers; POST /floor/hop also sends the body to
     ``n_shards`` no-op actors at once (one Ray call each, as the gateway calls shards on other
     nodes); POST /floor/socket sends it to the same actors over their Unix sockets instead (as
-    the gateway calls the shards on its own node: actors.channel). Plain Serve HTTP (no
+    the gateway calls the shards on its own node: actors.pool.channel). Plain Serve HTTP (no
     FastAPI routing), so it is a lower bound."""
     import ray
     from ray import serve
@@ -167,7 +167,7 @@ def deploy_floor(n_shards: int) -> None:
             return b""
 
         def socket(self) -> str:
-            from actors import channel
+            from actors.pool import channel
 
             directory = channel.socket_directory()
             assert directory is not None, "no private directory for the socket"
@@ -177,14 +177,14 @@ def deploy_floor(n_shards: int) -> None:
     @serve.deployment(ray_actor_options={"num_cpus": 0.05})
     class Floor:
         def __init__(self, n: int) -> None:
-            from actors import channel
+            from actors.pool import channel
 
             self.actors = [Noop.remote() for _ in range(n)]  # type: ignore[attr-defined]
             paths = ray.get([a.socket.remote() for a in self.actors])
             self.channels = [channel.Channel(path) for path in paths]
 
         async def __call__(self, request: Any) -> Response:
-            from actors import channel
+            from actors.pool import channel
 
             body = await request.body()
             if request.url.path.endswith("/hop"):
@@ -566,8 +566,8 @@ def gateway_view(key: str) -> tuple[Any, Any]:
     """A gateway's Engine in this process, on the live control plane, and its view of the index."""
     import ray
 
-    from actors.control import CONTROL_NAME, NAMESPACE
-    from serve_app.engine import Engine
+    from actors.control.plane import CONTROL_NAME, NAMESPACE
+    from serve_app.gateway.engine import Engine
 
     engine = Engine(ray.get_actor(CONTROL_NAME, namespace=NAMESPACE))
     return engine, asyncio.run(engine.view(INDEX, key))
@@ -587,10 +587,10 @@ def profile_gateway(
     import ray
 
     from actors.types import SearchRequest
-    from serve_app.engine import merge
-    from serve_app.models import QueryRequest
-    from serve_app.results import results_json
-    from serve_app.vectors import as_matrix
+    from serve_app.gateway.engine import merge
+    from serve_app.http.models import QueryRequest
+    from serve_app.service.checks import as_matrix
+    from serve_app.service.results import results_json
 
     engine, cv = gateway
     with_meta = "metadata" in include

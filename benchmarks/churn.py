@@ -10,7 +10,7 @@ item is replaced ``--rounds`` times (default 10). After each round the shard's i
   columns and inverted lists, plus the metadata and contents objects its arrays reference.
 
 Each mode runs in a fresh interpreter: "compaction" as the shard runs, "none" with
-actors.compaction.prepare switched off (how shards behaved before). The summary gives round 10
+actors.engine.compaction.prepare switched off (how shards behaved before). The summary gives round 10
 over round 1 (bar: <= 1.1 with compaction) and the time compaction took (copy of the item
 table under the read lock, relabelling of the lists under the write lock).
 
@@ -39,11 +39,12 @@ import numpy as np
 import orjson
 from common import print_table
 
-from actors import compaction, heap
-from actors.items import ItemTable
-from actors.partition import PartitionIndex, serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
+from actors.control.training import TrainParams, train_template
+from actors.engine import compaction
+from actors.engine.items import ItemTable
+from actors.engine.ivf import PartitionIndex, serialize
+from actors.engine.shard import Shard
+from actors.process import heap
 from actors.types import UpsertBatch
 from tests.helpers import clustered
 

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import orjson
 
-from actors.partition import locality_order, request_order
+from actors.engine.ivf import locality_order, request_order
 from cluster.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def locality_search(
     index: faiss.IndexIVF, q: np.ndarray, k: int, list_rank: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """raw faiss searched the way a shard searches a batch: coarse step, then the queries in
-    locality order (actors.partition.locality_order), results back in request order. Shows
+    locality order (actors.engine.ivf.locality_order), results back in request order. Shows
     how much of a service ratio is the scan order rather than the service."""
     coarse, lists = index.quantizer.search(q, index.nprobe)
     order = locality_order(lists, list_rank)
@@ -128,7 +128,7 @@ def cpu_role(pid: int, cmd: str) -> str:
 def shard_resident_bytes() -> int | None:
     """Private resident memory (RssAnon) of every shard actor process on this machine, summed;
     None where /proc does not tell."""
-    from actors.heap import resident_anon_bytes
+    from actors.process.heap import resident_anon_bytes
 
     sizes = [
         resident_anon_bytes(pid)
@@ -142,7 +142,7 @@ def shard_resident_bytes() -> int | None:
 _FAISS_RESIDENT = """
 import sys
 import faiss, numpy as np
-from actors.heap import resident_anon_bytes
+from actors.process.heap import resident_anon_bytes
 x, centroids = np.load(sys.argv[1]), np.load(sys.argv[2])
 batch = int(sys.argv[3])
 faiss.omp_set_num_threads(1)
@@ -475,8 +475,8 @@ def service_internals(name: str, key_hex: str) -> tuple[Any, np.ndarray | None]:
     """
     import ray
 
-    from actors.control import CONTROL_NAME, NAMESPACE
-    from actors.crypto import derive_keys, parse_index_key
+    from actors.control.plane import CONTROL_NAME, NAMESPACE
+    from actors.storage.crypto import derive_keys, parse_index_key
 
     control = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
     meta = ray.get(control.lookup.remote(name))

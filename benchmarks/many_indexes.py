@@ -33,7 +33,7 @@ import time
 import footprint
 import numpy as np
 
-from actors.heap import resident_anon_bytes
+from actors.process.heap import resident_anon_bytes
 from cluster.client import Client, generate_key
 from tests.helpers import clustered
 

@@ -23,7 +23,7 @@ bucket). For every filter (none, 50%, 10%) the table gives, on the evaluation qu
 * ``auto, live``: automatic probing after the index has answered a stream of other queries of
   the same kind (``--traffic`` per filter, none of them evaluation queries; the text set's
   15,000 are reused under each filter), a share of which it measured exactly in the
-  background to fit its probing scales (serve_app/probing.py). The benchmark sets that share
+  background to fit its probing scales (serve_app/gateway/probing.py). The benchmark sets that share
   (VAULTVEC_RECALL_SAMPLE_SHARE) to 3%, so that the 400 measured queries per kind of query the
   fit keeps fill up within its learning queries; at the service's default of 1% an index fills
   them within about 40,000 queries of each kind;

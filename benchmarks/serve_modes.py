@@ -1,6 +1,6 @@
 """Single queries and many clients under Serve's stock settings, under vaultvec's default
 (Serve's fast path, cluster/fastpath.py, and the same-node channel to the shards,
-actors/channel.py), under the default with every shard call through Ray ("ray-calls") and
+actors/pool/channel.py), under the default with every shard call through Ray ("ray-calls") and
 under the default serving HTTPS ("tls": HAProxy terminates TLS with a certificate made for the
 run, clients on kept-alive connections), side by side in one run.
 

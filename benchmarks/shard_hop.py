@@ -18,7 +18,7 @@ import common  # noqa: F401  (puts the repository root on sys.path)
 import numpy as np
 import ray
 
-from actors.strings import StringBlock
+from actors.engine.strings import StringBlock
 from actors.types import Fetched, Partition, SearchRequest, SearchResult
 
 ROUNDS = 7

@@ -8,7 +8,7 @@ import sys
 import threading
 from typing import Any
 
-from actors.store import redact_url
+from actors.storage import redact_url
 from cluster import fastpath
 from cluster.bulk.cli import add_commands
 from serve_app.settings import Settings

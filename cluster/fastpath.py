@@ -25,7 +25,7 @@ HAProxy is a process of its own, started by Serve's proxy actor, here through va
 (:func:`guard`, cluster.haproxy_guard): it makes Serve's configuration safe (a private admin
 socket, no side listener on the network, TLS), has HAProxy killed when the proxy actor that
 started it dies (a killed ``vaultvec serve`` left it holding the HTTP port), then becomes
-HAProxy. Serve's HAProxy files go to the private runtime directory (actors.private).
+HAProxy. Serve's HAProxy files go to the private runtime directory (actors.process.private).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import socket
 import sys
 import tempfile
 
-from actors import private
+from actors.process import private
 from cluster import haproxy_guard
 
 ENV = {
@@ -110,7 +110,7 @@ BINARY = "RAY_SERVE_HAPROXY_BINARY_PATH"  # an explicit one is kept, as set
 # Where Serve keeps HAProxy's files (its configuration, runtime API socket, server state, the
 # socket its per-request metrics arrive on). Serve's defaults lie under a fixed
 # /tmp/haproxy-serve that any local user can make first, and own; here they lie in the private
-# runtime directory (actors.private). Serve adds the node's id as a directory of its own.
+# runtime directory (actors.process.private). Serve adds the node's id as a directory of its own.
 HAPROXY_PATHS = {
     "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
     "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",

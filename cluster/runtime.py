@@ -14,8 +14,8 @@ import httpx
 import ray
 from ray import serve
 
-from actors import private
-from actors.control import NAMESPACE
+from actors.control.plane import NAMESPACE
+from actors.process import private
 from cluster import fastpath, haproxy_guard
 from serve_app.app import build_app
 from serve_app.settings import Settings

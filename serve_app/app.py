@@ -12,17 +12,20 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from ray import serve
 
-from actors import channel, heap
-from actors.control import CONTROL_NAME, NAMESPACE, ControlPlane
-from actors.cpus import node_cpus
-from serve_app import __version__, arrays, audit, docs, errors, metrics, replica_grpc
+from actors.control.plane import CONTROL_NAME, NAMESPACE, ControlPlane
+from actors.pool import channel
+from actors.process import heap
+from actors.process.cpus import node_cpus
+from serve_app import __version__, audit, replica_grpc
+from serve_app import telemetry as metrics
 from serve_app.embedder import Embedder, deployment_options
-from serve_app.engine import Engine
-from serve_app.http import ApiKeyGate, DirectRoutes, configure_replica, counted_call
-from serve_app.models import ErrorResponse
-from serve_app.routes import arrays as array_routes
-from serve_app.routes import health, indexes, vectors
-from serve_app.routes import metrics as metrics_routes
+from serve_app.gateway.engine import Engine
+from serve_app.http import docs, errors
+from serve_app.http.models import ErrorResponse
+from serve_app.http.plumbing import ApiKeyGate, DirectRoutes, configure_replica, counted_call
+from serve_app.routes import batches as array_routes
+from serve_app.routes import indexes, service, vectors
+from serve_app.service import matrices as arrays
 from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.app")
@@ -49,11 +52,11 @@ def create_app() -> FastAPI:
     # by tag.
     tagged = (
         (vectors.router, "vectors"),
-        (health.router, "service"),
+        (service.health_router, "service"),
         (array_routes.router, "vectors"),
         (indexes.router, "indexes"),
         (indexes.models_router, "indexes"),
-        (metrics_routes.router, "service"),
+        (service.router, "service"),
     )
     for router, tag in tagged:
         app.include_router(router, prefix="/v1", tags=[tag])
@@ -123,7 +126,7 @@ def control_plane(settings: Settings) -> Any:
 class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
         replica_grpc.bind_to_node_address()
-        # Request bodies and results recycled in one arena, its top kept (see actors.heap).
+        # Request bodies and results recycled in one arena, its top kept (see actors.process.heap).
         heap.configure(trim_threshold=heap.GATEWAY_TRIM_THRESHOLD)
         s = Settings(**settings)
         if not s.api_key:
@@ -159,7 +162,7 @@ class Gateway:
         greedy: bool | None = None,
         include: list[str] | None = None,
     ) -> dict[str, Any]:
-        """Top-k of a (nq, d) float32 matrix, compact: see serve_app.arrays.handle_query."""
+        """Top-k of a (nq, d) float32 matrix, compact: see serve_app.service.matrices.handle_query."""
         with counted_call(getattr(queries, "nbytes", 0)):
             async with audit.call("ray:query_arrays"):
                 return await arrays.handle_query(
@@ -186,7 +189,7 @@ class Gateway:
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise
 # spin between parallel regions and take the cores from the shards (a batch's coarse step
 # several times slower on busy cores; docs/performance.md). Read when faiss loads, hence set
-# in the replica's environment rather than in __init__; so are glibc's (actors.heap).
+# in the replica's environment rather than in __init__; so are glibc's (actors.process.heap).
 GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.GATEWAY_ENV}}
 
 

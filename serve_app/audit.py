@@ -1,6 +1,6 @@
 """The audit log: one JSON line per request to the API, written off the request path.
 
-Each line: ``time`` (UTC, ISO 8601), ``key`` (the API key's name, serve_app.keys; null when the
+Each line: ``time`` (UTC, ISO 8601), ``key`` (the API key's name, serve_app.access.keys; null when the
 request had no valid key), ``index`` (the index it unlocked, if any), ``method``, ``route``,
 ``status``, ``items`` (items upserted, queries, ids asked for or answered), ``duration_ms`` and
 ``client`` (the client's address: the last X-Forwarded-For entry HAProxy added when the request
@@ -34,9 +34,9 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serve_app import context
-from serve_app.context import RequestContext
-from serve_app.metrics import REGISTRY, StatusSend, track
+from serve_app.access import context
+from serve_app.access.context import RequestContext
+from serve_app.telemetry import REGISTRY, StatusSend, track
 
 log = logging.getLogger("vaultvec.audit")
 
@@ -151,7 +151,7 @@ def current_log() -> AuditLog | None:
     return _LOG
 
 
-# -- metrics (this replica's registry: serve_app.metrics) ---------------------------------------
+# -- metrics (this replica's registry: serve_app.telemetry) ---------------------------------------
 KEY_REQUESTS = REGISTRY.counter(
     "vaultvec_key_requests_total",
     "requests by API key name (none: no valid key) and status",

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 import numpy as np
 from ray import serve
 
-from actors.cpus import node_cpus
 from actors.errors import InternalError, InvalidRequest
+from actors.process.cpus import node_cpus
 from serve_app import replica_grpc
 from serve_app.coalesce import Coalescer
 from serve_app.settings import Settings

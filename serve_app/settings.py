@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from actors.control import EngineOptions
-from serve_app import keys
+from actors.control.plane import EngineOptions
+from serve_app.access import keys
 
 # The engine's defaults: the settings that configure it take theirs from here (written once).
 ENGINE = EngineOptions(store_url="")
@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     api_key_file: str | None = Field(
         None, description="read the API key(s) from this file (one per line or comma-separated)"
     )
-    # Quotas per API key (serve_app/limits.py; docs/security.md, Quotas). 0 = no limit.
+    # Quotas per API key (serve_app/access/limits.py; docs/security.md, Quotas). 0 = no limit.
     rate_limit_rps: float = Field(
         0,
         ge=0,
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         ge=0,
         le=1,
         description="share of automatically probed queries also answered exactly in the "
-        "background to measure recall (serve_app/probing.py); 0 = never",
+        "background to measure recall (serve_app/gateway/probing.py); 0 = never",
     )
     train_wait_s: float = Field(ENGINE.train_wait_s, gt=0)
     wal_max_records: int = Field(ENGINE.wal_max_records, ge=1)
@@ -215,7 +215,7 @@ class Settings(BaseSettings):
     local_channel: bool = Field(
         True,
         description="a gateway sends searches and small gets to the pool actors on its own "
-        "Ray node over a private Unix socket rather than through Ray (actors/channel.py)",
+        "Ray node over a private Unix socket rather than through Ray (actors/pool/channel.py)",
     )
     shard_retries: int = Field(3, ge=0)
     shard_timeout_s: float = Field(300.0, gt=0, description="budget for one shard call")

@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_CONCURRENCY", "bulk_query", "bulk_upsert", 
 
 FLUSH_EVERY_S = 10.0
 # Vectors per batch. Larger batches amortise the per-call cost and let the shards scan in
-# locality order (actors.partition.locality_order), which pays off with batch size: 40,000
+# locality order (actors.engine.ivf.locality_order), which pays off with batch size: 40,000
 # queries on 100k x 128 (benchmarks/bench_bulk.py --queries 40000 --batch-size N), concurrency 2,
 # 5,000 -> 10,000 per batch took binary HTTP from 38k to 43k QPS and Ray from 46k to 55k.
 DEFAULT_BATCH = 10_000

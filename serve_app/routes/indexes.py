@@ -6,16 +6,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from actors.control import new_index_id
-from actors.crypto import derive_keys, new_salt, parse_index_key
+from actors.control.plane import new_index_id
+from actors.control.training import TrainParams
+from actors.engine.ivf import default_pq_dim
 from actors.errors import InvalidRequest
-from actors.partition import default_pq_dim
-from actors.training import TrainParams
+from actors.storage.crypto import derive_keys, new_salt, parse_index_key
 from actors.types import IndexConfig, IndexMeta
-from serve_app import context, text
-from serve_app.errors_doc import BODY_ERRORS, CONFLICT, ERRORS
-from serve_app.http import JSON, Route, embedder_of, engine_of, require_api_key, settings_of
-from serve_app.models import (
+from serve_app.access import context
+from serve_app.gateway.probing import IndexProbing
+from serve_app.http.errors_doc import BODY_ERRORS, CONFLICT, ERRORS
+from serve_app.http.models import (
     CreateIndexRequest,
     DescribeResponse,
     EmbeddingModelsResponse,
@@ -28,7 +28,15 @@ from serve_app.models import (
     TrainingStatusResponse,
     TrainRequest,
 )
-from serve_app.probing import IndexProbing
+from serve_app.http.plumbing import (
+    JSON,
+    Route,
+    embedder_of,
+    engine_of,
+    require_api_key,
+    settings_of,
+)
+from serve_app.service import text
 
 BUSY: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "The index is training or rotating its key"}
@@ -189,7 +197,7 @@ async def describe_index(body: IndexRequest, request: Request) -> JSON:
 
 def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
     """The live recall estimate of automatic probing at this gateway replica
-    (serve_app.probing); None until the index is trained."""
+    (serve_app.gateway.probing); None until the index is trained."""
     if not cfg.is_trained:
         return None
     state = engine.monitor.peek(cfg.index_id, cfg.version)

@@ -10,22 +10,12 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
-from actors.filters import parse_filter
-from serve_app import context, service
-from serve_app.engine import CachedView, Engine
-from serve_app.errors_doc import BODY_ROUTE_ERRORS
-from serve_app.http import (
-    JSON,
-    OPTIONS,
-    REPLICA,
-    Route,
-    embedder_of,
-    engine_of,
-    require_api_key,
-    settings_of,
-)
-from serve_app.models import (
+from serve_app.access import context
+from serve_app.gateway.engine import CachedView, Engine
+from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
+from serve_app.http.models import (
     DeleteRequest,
     DeleteResponse,
     GetRequest,
@@ -40,8 +30,19 @@ from serve_app.models import (
     UpsertRequest,
     UpsertResponse,
 )
-from serve_app.params import Limits, QueryParams, UpsertRows, distinct, get_fields
-from serve_app.vectors import as_matrix
+from serve_app.http.plumbing import (
+    JSON,
+    OPTIONS,
+    REPLICA,
+    Route,
+    embedder_of,
+    engine_of,
+    require_api_key,
+    settings_of,
+)
+from serve_app.service import queries as service
+from serve_app.service.checks import as_matrix
+from serve_app.service.params import Limits, QueryParams, UpsertRows, distinct, get_fields
 
 router = APIRouter(
     prefix="/vectors",
@@ -65,7 +66,7 @@ async def query(body: QueryRequest, request: Request) -> Response:
 
 
 async def answer_query(body: QueryRequest) -> Response:
-    """The answer to a validated query body (this route's, and serve_app.http.DirectRoutes')."""
+    """The answer to a validated query body (this route's, and serve_app.http.plumbing.DirectRoutes')."""
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
     params = QueryParams.of(body, REPLICA.settings)
@@ -79,7 +80,7 @@ async def answer_query(body: QueryRequest) -> Response:
     return Response(answer, media_type="application/json")
 
 
-# Answered before FastAPI's routing (serve_app.http.DirectRoutes): (method, path) -> the body's
+# Answered before FastAPI's routing (serve_app.http.plumbing.DirectRoutes): (method, path) -> the body's
 # model and its answer.
 DIRECT = {("POST", "/v1/vectors/query"): (QueryRequest, answer_query)}
 

@@ -35,7 +35,7 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from actors.control import NAMESPACE
+    from actors.control.plane import NAMESPACE
     from cluster.runtime import APP_NAME, wait_healthy
     from serve_app.app import build_app
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actors.control import CONTROL_NAME
+from actors.control.plane import CONTROL_NAME
 from cluster.client import generate_key
 from tests.cluster.load import DIM, vector_of
 from tests.integration.support import Index, ok, unique_name
@@ -62,7 +62,7 @@ def partition_actors(index_name: str) -> dict[int, ActorInfo]:
     """Shard number -> the live (or restarting) pool actor hosting that partition of the index."""
     import ray
 
-    from actors.control import NAMESPACE
+    from actors.control.plane import NAMESPACE
 
     control = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
     placement = ray.get(control.lookup.remote(index_name)).placement
@@ -81,7 +81,7 @@ def gateways() -> list[ActorInfo]:
 def index_id_of(name: str) -> str:
     import ray
 
-    from actors.control import NAMESPACE
+    from actors.control.plane import NAMESPACE
 
     control = ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)
     return str(ray.get(control.lookup.remote(name)).index_id)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import ray
 
-from actors.control import CONTROL_NAME, NAMESPACE
+from actors.control.plane import CONTROL_NAME, NAMESPACE
 from tests.cluster.load import MixedLoad
 from tests.cluster.support import (
     API_KEY,

@@ -1,4 +1,4 @@
-"""Each process runs with its own allocator settings (actors.heap): a gateway keeps its heap top
+"""Each process runs with its own allocator settings (actors.process.heap): a gateway keeps its heap top
 for the next request, a shard returns it, as its resident memory is its memory budget.
 
 Ray actors inherit the environment of the actor that creates them, and shards are created by
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import heap
+from actors.process import heap
 from tests.integration.support import Index
 
 

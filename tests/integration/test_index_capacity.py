@@ -41,14 +41,14 @@ def test_many_indexes_in_use_at_once_start_no_process(service, http):
 
 
 def engine_options(tmp_path, **kw):
-    from actors.control import EngineOptions
+    from actors.control.plane import EngineOptions
 
     return EngineOptions(store_url=f"file://{tmp_path}", **kw)
 
 
 def new_index(control, name: str) -> None:
-    from actors.control import new_index_id
-    from actors.crypto import derive_keys, new_salt
+    from actors.control.plane import new_index_id
+    from actors.storage.crypto import derive_keys, new_salt
     from actors.types import IndexConfig, IndexMeta
 
     salt = new_salt()
@@ -62,7 +62,7 @@ def new_index(control, name: str) -> None:
 def test_a_pool_that_cannot_start_is_a_clear_503(service, tmp_path):
     """A pool actor Ray cannot place fails the create fast with 503, leaves no actor waiting
     for room and stores nothing."""
-    from actors.control import ControlPlane
+    from actors.control.plane import ControlPlane
     from actors.errors import Unavailable
 
     control = ControlPlane(engine_options(tmp_path, shard_num_cpus=64, shard_start_timeout_s=3))
@@ -75,9 +75,9 @@ def test_a_pool_that_cannot_start_is_a_clear_503(service, tmp_path):
 
 def test_index_count_is_capped_by_a_named_limit(service, tmp_path):
     """Past VAULTVEC_MAX_INDEXES a create is a 422 naming the limit, and nothing is stored."""
-    from actors.control import ControlPlane
-    from actors.crypto import derive_keys
+    from actors.control.plane import ControlPlane
     from actors.errors import InvalidRequest
+    from actors.storage.crypto import derive_keys
 
     control = ControlPlane(engine_options(tmp_path, max_indexes=1))
     try:

@@ -1,4 +1,4 @@
-"""Online key rotation over HTTP (actors.rotation).
+"""Online key rotation over HTTP (actors.control.rotation).
 
 Under load: a writer and a reader go on while the index rotates its key several times; no
 request fails but those made with a key whose rotation had started (401), and every
@@ -30,8 +30,7 @@ import httpx
 import numpy as np
 import pytest
 
-from actors import persistence
-from actors.store import Store, open_store
+from actors.storage import Store, open_store, persistence
 from actors.types import IndexMeta
 from cluster import fastpath
 from cluster.client import Client, generate_key

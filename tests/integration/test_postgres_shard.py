@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 import pytest
 
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
+from actors.control.training import TrainParams, train_template
+from actors.engine.ivf import serialize
+from actors.engine.shard import Shard
 from actors.types import SearchRequest, UpsertBatch
 from tests.helpers import clustered
 from tests.pg_server import PostgresServer

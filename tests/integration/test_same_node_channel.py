@@ -1,4 +1,4 @@
-"""The gateway's same-node channel to the shard pool (actors.channel) in the running service:
+"""The gateway's same-node channel to the shard pool (actors.pool.channel) in the running service:
 queries and gets of an index whose partitions sit on the gateway's node go over the pool
 actors' sockets, and a pool actor killed mid-load costs no wrong answer: the calls its socket
 can no longer take go through Ray, and the restarted actor's new socket is used again."""

@@ -1,6 +1,6 @@
 """Reference evaluator for metadata filters: plain per-document recursion, no numpy.
 
-Written independently of ``actors.filters``: it interprets the raw filter object (not the
+Written independently of ``actors.engine.filters``: it interprets the raw filter object (not the
 parsed tree) against one metadata document, walking the document along the dotted path the way
 MongoDB's matcher does (``src/mongo/db/matcher/path.cpp``): a list on the way down is entered
 element by element, object elements continue the walk, other elements are skipped; an object

@@ -15,8 +15,10 @@ import orjson
 import pytest
 
 from actors.errors import IndexNotFound
-from serve_app import audit, context, http
+from serve_app import audit
+from serve_app.access import context
 from serve_app.app import create_app
+from serve_app.http import plumbing as http
 from serve_app.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""The same-node channel to a pool actor (actors.channel), without Ray: searches and small gets
+"""The same-node channel to a pool actor (actors.pool.channel), without Ray: searches and small gets
 answered over the actor's Unix socket with the answers the Ray call gives, the partition's
 errors raised as they are, and every call the channel cannot complete sent through Ray."""
 
@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors import channel, private
-from actors.contract import ShardClient, pack
 from actors.errors import IndexRetired, Unauthorized
-from actors.pool import ShardPool
+from actors.pool import channel
+from actors.pool.actor import ShardPool
+from actors.pool.client import ShardClient, pack
+from actors.process import private
 from tests.helpers import clustered
 from tests.unit.test_pool import KEY_A, KEY_B, LocalHandle, catalogued, pool
 from tests.unit.test_shard import batch, exact_ids, one_list

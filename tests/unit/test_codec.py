@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import codec
+from actors.storage import codec
 
 
 @given(st.lists(st.one_of(st.none(), st.text(max_size=20))))

@@ -1,4 +1,4 @@
-"""Compaction (actors.compaction) changes no answer and frees the dead rows.
+"""Compaction (actors.engine.compaction) changes no answer and frees the dead rows.
 
 After any mix of upserts (new ids and replacements), deletes, compactions and a snapshot
 round-trip, an item table and its partition answer every search, get and filter exactly as a
@@ -23,13 +23,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import codec, compaction, idmap
-from actors import shard as shard_module
-from actors.filters import parse_filter
-from actors.items import ItemTable
-from actors.partition import PartitionIndex, serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
+from actors.control.training import TrainParams, train_template
+from actors.engine import compaction, idmap
+from actors.engine import shard as shard_module
+from actors.engine.filters import parse_filter
+from actors.engine.items import ItemTable
+from actors.engine.ivf import PartitionIndex, serialize
+from actors.engine.shard import Shard
+from actors.storage import codec
 from actors.types import UpsertBatch
 from tests.helpers import exact_knn
 from tests.unit.filter_oracle import matches

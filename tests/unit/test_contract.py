@@ -1,4 +1,4 @@
-"""What crosses Ray between the gateway and a pool actor, packed by hand (actors.contract): a
+"""What crosses Ray between the gateway and a pool actor, packed by hand (actors.pool.client): a
 search request and result come back field for field, arrays with their dtype and shape and
 writable, whatever the batch; a frame gives back its arguments."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors.contract import frame, pack, unframe, unpack_request, unpack_result
-from actors.filters import parse_filter
-from actors.strings import StringBlock
+from actors.engine.filters import parse_filter
+from actors.engine.strings import StringBlock
+from actors.pool.client import frame, pack, unframe, unpack_request, unpack_result
 from actors.types import SearchRequest, SearchResult
 
 

@@ -1,4 +1,4 @@
-"""How many threads a vaultvec process gives faiss when not told (actors.cpus): its Ray node's
+"""How many threads a vaultvec process gives faiss when not told (actors.process.cpus): its Ray node's
 CPUs as Ray counts them, not the host's cores a container can see."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors import cpus
+from actors.process import cpus
 
 
 def test_outside_ray_it_is_the_cores_the_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Unit tests for actors.crypto: key parsing, derivation, verifier, AAD and AES-GCM sealing."""
+"""Unit tests for actors.storage.crypto: key parsing, derivation, verifier, AAD and AES-GCM sealing."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import crypto
-from actors.crypto import (
+from actors.errors import DecryptError, InvalidRequest
+from actors.storage import crypto
+from actors.storage.crypto import (
     KEY_BYTES,
     SALT_BYTES,
     IndexKeys,
@@ -24,7 +25,6 @@ from actors.crypto import (
     seal,
     verify,
 )
-from actors.errors import DecryptError, InvalidRequest
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from actors.contract import ShardClient
-from actors.control import IndexView
+from actors.control.plane import IndexView
 from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
+from actors.pool.client import ShardClient
 from actors.types import IndexConfig, IndexMeta
-from serve_app.engine import CachedView, Engine, StaleIndex, retry_stale
+from serve_app.gateway.engine import CachedView, Engine, StaleIndex, retry_stale
 
 META = IndexMeta("idx", "id-1", b"salt", b"verifier")
 

@@ -1,4 +1,4 @@
-"""One mapping from any exception to the API error, for every transport (serve_app.errors)."""
+"""One mapping from any exception to the API error, for every transport (serve_app.http.errors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from ray.exceptions import ActorDiedError
 
 from actors.errors import IndexNotFound, InternalError, Unavailable
-from serve_app.errors import api_error
+from serve_app.http.errors import api_error
 
 
 def test_api_errors_pass_through() -> None:

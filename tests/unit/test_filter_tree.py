@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from actors.engine.filters.tree import And, Cmp, Exists, Not, Or, parse_filter
 from actors.errors import InvalidRequest
-from actors.filters.tree import And, Cmp, Exists, Not, Or, parse_filter
 
 
 def test_parse_empty_and_none() -> None:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.engine.filters import And, Cmp, Exists, MetadataColumns, Not, Or, parse_filter
 from actors.errors import InvalidRequest
-from actors.filters import And, Cmp, Exists, MetadataColumns, Not, Or, parse_filter
 from tests.unit.filter_oracle import matches
 
 

@@ -3,7 +3,7 @@
 Ray runs a shard's calls on a pool of threads. With glibc's defaults (an arena per thread, a
 dynamic mmap threshold) the large blocks an ingest frees stay resident in the threads' malloc
 arenas: ingesting 30,000 items of 128 floats on 16 threads left 2,898 resident bytes per item.
-A pool actor starts with actors.heap.configure (one arena, a fixed 16 MiB mmap threshold): 725-778
+A pool actor starts with actors.process.heap.configure (one arena, a fixed 16 MiB mmap threshold): 725-778
 after the ingest, 665 for the same shard loaded fresh.
 
 Measured in a fresh interpreter, so that nothing else this test session allocated is counted.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.heap import resident_anon_bytes
+from actors.process.heap import resident_anon_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,10 +30,10 @@ INGEST = r"""
 import gc, itertools, json, os, tempfile
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
-from actors.heap import configure, resident_anon_bytes, trim
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
+from actors.process.heap import configure, resident_anon_bytes, trim
+from actors.engine.ivf import serialize
+from actors.engine.shard import Shard
+from actors.control.training import TrainParams, train_template
 from actors.types import UpsertBatch
 
 n, batch, threads, dim = 30_000, 1_500, 16, 128
@@ -105,14 +105,14 @@ def test_ingest_on_many_threads_keeps_resident_memory_near_a_fresh_load() -> Non
     got = per_item(INGEST_THEN_LOAD)
     # 128 floats are 512 bytes: a loaded shard holds them plus its item table.
     assert 512 <= got["loaded"] < 1_000, got
-    # Without actors.heap.configure the ingest left 2,898 bytes per item (module docstring),
+    # Without actors.process.heap.configure the ingest left 2,898 bytes per item (module docstring),
     # against 700 for the fresh load: 4.2x, so the ratio bound fails.
     assert got["ingested"] <= 1.6 * got["loaded"], got
 
 
 def test_training_gives_the_replaced_lists_back() -> None:
     """A rebuild frees every inverted list of the partition it replaces; those blocks are
-    small (under the mmap threshold), so without actors.heap.trim their pages stay resident:
+    small (under the mmap threshold), so without actors.process.heap.trim their pages stay resident:
     this script measured 1,868 bytes per item after two trainings, 780 with it."""
     got = per_item(INGEST_THEN_TRAIN)
     # 128 floats are 512 bytes, plus the item table and faiss's id map.

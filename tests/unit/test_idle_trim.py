@@ -1,5 +1,5 @@
 """The gateway gives its heap's free pages back once it goes quiet after large requests
-(actors.heap.IdleTrim, serve_app.http): an ingest's buffers do not stay resident after it ends,
+(actors.process.heap.IdleTrim, serve_app.http): an ingest's buffers do not stay resident after it ends,
 however its last requests fall, and a steady load never waits for a trim."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from actors.heap import IdleTrim
-from serve_app import http
+from actors.process.heap import IdleTrim
+from serve_app.http import plumbing as http
 
 MB = 1 << 20
 

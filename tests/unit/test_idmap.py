@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors import idmap
-from actors.items import ItemTable
+from actors.engine import idmap
+from actors.engine.items import ItemTable
 
 IDS = st.text(alphabet="abcé😀-", min_size=1, max_size=4)
 OPS = st.lists(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from actors.filters import parse_filter
-from actors.items import ItemTable
+from actors.engine.filters import parse_filter
+from actors.engine.items import ItemTable
 
 
 def filled(n: int) -> ItemTable:

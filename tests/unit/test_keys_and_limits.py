@@ -1,5 +1,5 @@
-"""Named API keys (serve_app/keys.py), the limits of each (serve_app/settings.py: quotas) and the
-token buckets that enforce request rates (serve_app/limits.py)."""
+"""Named API keys (serve_app/access/keys.py), the limits of each (serve_app/settings.py: quotas) and the
+token buckets that enforce request rates (serve_app/access/limits.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import hashlib
 import pytest
 from pydantic import ValidationError
 
-from serve_app import keys
-from serve_app.limits import RateLimiter
+from serve_app.access import keys
+from serve_app.access.limits import RateLimiter
 from serve_app.settings import Settings
 
 

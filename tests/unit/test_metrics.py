@@ -16,7 +16,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from actors import metrics as m
-from serve_app import metrics as sm
+from serve_app import telemetry as sm
 
 BUCKETS = (0.001, 0.01, 0.1)
 

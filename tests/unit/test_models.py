@@ -1,5 +1,5 @@
 """Request models: query vectors read by numpy are exactly what pydantic's strict validation
-accepts (serve_app.models.read_vectors), including where numpy alone would coerce."""
+accepts (serve_app.http.models.read_vectors), including where numpy alone would coerce."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.models import Matrix, QueryRequest, Vector
+from serve_app.http.models import Matrix, QueryRequest, Vector
 
 IDENT = {"index_name": "a", "index_key": "0" * 64}
 # The field's validation without the numpy reader: what every answer must agree with.
@@ -36,7 +36,7 @@ def same_outcome(value: Any) -> None:
     got = read(value)
     try:
         expected = np.asarray(want, dtype=np.float64)
-    except ValueError:  # ragged: left for serve_app.vectors.as_matrix to refuse, as before
+    except ValueError:  # ragged: left for serve_app.service.checks.as_matrix to refuse, as before
         assert got == want
         return
     np.testing.assert_array_equal(np.asarray(got, dtype=np.float64), expected)

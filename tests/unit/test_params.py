@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
-from actors.filters import parse_filter
 from actors.types import IndexConfig
-from serve_app.engine import Query
-from serve_app.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
-from serve_app.params import (
+from serve_app.gateway.engine import Query
+from serve_app.http.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
+from serve_app.service.params import (
     COMPACT_INCLUDE,
     QUERY_INCLUDE,
     Fields,

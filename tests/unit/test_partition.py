@@ -9,7 +9,8 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.partition import (
+from actors.control.training import TrainParams, train_template
+from actors.engine.ivf import (
     LOCALITY_MIN_QUERIES,
     MAX_NORM,
     PartitionIndex,
@@ -19,7 +20,6 @@ from actors.partition import (
     serialize,
     too_large,
 )
-from actors.training import TrainParams, train_template
 from tests.helpers import clustered
 
 N_LISTS = 48

@@ -7,8 +7,8 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.partition import PER_LIST_REMOVE_MAX, PartitionIndex, deserialize, serialize
-from actors.training import TrainParams, train_template
+from actors.control.training import TrainParams, train_template
+from actors.engine.ivf import PER_LIST_REMOVE_MAX, PartitionIndex, deserialize, serialize
 from tests.helpers import clustered
 
 N, DIM, N_LISTS = 4000, 32, 100
@@ -120,7 +120,7 @@ def test_fill_lays_out_the_lists_add_does(built) -> None:
 
 
 def test_lists_laid_out_afresh_hold_what_they_held(built, monkeypatch) -> None:
-    import actors.partition as partition_mod
+    import actors.engine.ivf as partition_mod
 
     monkeypatch.setattr(partition_mod, "COMPACT_MIN", 100)
     part, _ = pair(built)

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors import heap, persistence
-from actors import pool as pool_module
-from actors.contract import (
+from actors.errors import IndexRetired, Unauthorized, Unavailable
+from actors.pool import actor as pool_module
+from actors.pool.actor import PoolOptions, ShardPool
+from actors.pool.client import (
     CALL_BYTES,
     PACKED_GET_IDS,
     ShardClient,
@@ -27,10 +28,9 @@ from actors.contract import (
     row_bytes,
     unpack_result,
 )
-from actors.errors import IndexRetired, Unauthorized, Unavailable
-from actors.placement import place
-from actors.pool import PoolOptions, ShardPool
-from actors.store import open_store
+from actors.pool.placement import place
+from actors.process import heap
+from actors.storage import open_store, persistence
 from actors.types import IndexMeta, Partition, ShardStats, UpsertBatch
 from cluster import fastpath
 from tests.helpers import clustered
@@ -148,7 +148,7 @@ def test_resident_bytes_follow_the_loaded_items(tmp_path: Path) -> None:
 
 
 def test_the_pool_grows_to_its_share_on_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    from actors import placement
+    from actors.pool import placement
 
     nodes = {"n1": 1, "n2": 1, "n3": 2}
     monkeypatch.setattr(placement, "node_sizes", lambda size: dict(nodes))

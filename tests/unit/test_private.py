@@ -1,4 +1,4 @@
-"""The private runtime directory (actors/private.py): never a directory someone else made or
+"""The private runtime directory (actors/process/private.py): never a directory someone else made or
 may enter, a fresh one when the default is taken."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import private
+from actors.process import private
 
 
 @pytest.fixture

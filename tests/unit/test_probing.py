@@ -11,18 +11,18 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.contract import pack, unframe, unpack_request
-from actors.control import IndexView
-from actors.filters import parse_filter
-from actors.partition import PartitionIndex, merge_topk, serialize
-from actors.shard import Shard
-from actors.training import (
+from actors.control.plane import IndexView
+from actors.control.training import (
     TrainParams,
     calibrate_nprobe,
     calibrate_probing,
     smallest_scale,
     train_template,
 )
+from actors.engine.filters import parse_filter
+from actors.engine.ivf import PartitionIndex, merge_topk, serialize
+from actors.engine.shard import Shard
+from actors.pool.client import pack, unframe, unpack_request
 from actors.types import (
     IndexConfig,
     IndexMeta,
@@ -31,8 +31,8 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
-from serve_app.engine import CachedView, Engine, Query, merge
-from serve_app.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
+from serve_app.gateway.engine import CachedView, Engine, Query, merge
+from serve_app.gateway.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
 from tests.helpers import exact_knn
 
 KEY = bytes(range(32))

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from serve_app import http
 from serve_app.app import create_app
+from serve_app.http import plumbing as http
 from serve_app.settings import Settings
 
 KEYS = ["first-key", "second-key"]

@@ -9,9 +9,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.strings import StringBlock
-from serve_app.engine import Hits
-from serve_app.results import FEW, laid_out, results_json, shape_results
+from actors.engine.strings import StringBlock
+from serve_app.gateway.engine import Hits
+from serve_app.service.results import FEW, laid_out, results_json, shape_results
 
 # Ids with and without characters that JSON escapes (the latter take orjson's path).
 PLAIN_ID = st.text(alphabet=st.sampled_from("ab7-_:/ é中😀"), min_size=1, max_size=8)

@@ -1,4 +1,4 @@
-"""Key rotation without Ray (actors.rotation): partitions re-sealed under the new key while they
+"""Key rotation without Ray (actors.control.rotation): partitions re-sealed under the new key while they
 take writes, identical answers from a reload with the new key, the old key refused; and the
 whole protocol (control plane + partitions) cut short before every store write it makes, then
 restarted: exactly one key opens the index and every acknowledged write is in it."""
@@ -20,25 +20,18 @@ import numpy as np
 import orjson
 import pytest
 
-from actors import persistence, rotation
-from actors.control import ControlPlane, EngineOptions
-from actors.crypto import IndexKeys, derive_keys, new_salt, verify
+from actors.control import rotation
+from actors.control.plane import ControlPlane, EngineOptions
+from actors.control.training import TrainParams, train_template
+from actors.engine.ivf import serialize
+from actors.engine.shard import Shard
 from actors.errors import Unauthorized, Unavailable
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.store import Store, open_store
-from actors.training import TrainParams, train_template
-from actors.types import (
-    IndexConfig,
-    IndexMeta,
-    KeyRotation,
-    SearchRequest,
-    UpsertBatch,
-    shard_of,
-)
+from actors.storage import Store, open_store, persistence
+from actors.storage.crypto import IndexKeys, derive_keys, new_salt, verify
+from actors.types import IndexConfig, IndexMeta, KeyRotation, SearchRequest, UpsertBatch, shard_of
 from cluster.client import AsyncClient, Client
 from cluster.client.errors import AuthenticationError, ConflictError, IndexExistsError
-from serve_app.engine import Engine
+from serve_app.gateway.engine import Engine
 from tests.helpers import clustered
 
 NAME, INDEX_ID, DIM, N_SHARDS = "rot", "rotid0", 8, 2

@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 import time
 
-from actors.rwlock import RWLock
+from actors.engine.rwlock import RWLock
 
 
 def test_readers_overlap_and_writers_exclude() -> None:

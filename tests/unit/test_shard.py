@@ -10,12 +10,12 @@ import numpy as np
 import orjson
 import pytest
 
+from actors.control.training import TrainParams, train_template
+from actors.engine.filters import parse_filter
+from actors.engine.ivf import serialize
+from actors.engine.shard import Shard
 from actors.errors import DecryptError, IndexRetired, InvalidRequest
-from actors.filters import parse_filter
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.store import StoreError
-from actors.training import TrainParams, train_template
+from actors.storage import StoreError
 from actors.types import SearchRequest, UpsertBatch
 from tests.helpers import clustered, exact_knn
 
@@ -219,7 +219,7 @@ def test_an_ambiguous_wal_append_never_costs_a_later_acknowledged_write(tmp_path
 def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Outgrown blocks of a burst of writes go back to the system once the burst is over:
     one trim per pause, none while writes keep coming (each trim stalls the allocator)."""
-    import actors.shard as shard_mod
+    import actors.engine.shard as shard_mod
 
     trims: list[float] = []
     mine = {threading.current_thread().name}  # the load trims here, the tidy-ups on their own
@@ -263,8 +263,8 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
 def test_churned_lists_are_laid_out_once_writes_pause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import actors.partition as partition_mod
-    import actors.shard as shard_mod
+    import actors.engine.ivf as partition_mod
+    import actors.engine.shard as shard_mod
 
     monkeypatch.setattr(shard_mod, "TRIM_AFTER_WRITES_S", 0.2)
     monkeypatch.setattr(partition_mod, "COMPACT_MIN", 50)
@@ -295,7 +295,7 @@ def test_vectors_no_list_can_hold_are_refused_and_dropped_from_old_wals(tmp_path
     """A vector whose squared norm overflows float32 gets no IVF list: the shard refuses it
     before logging it, the partition never takes a list number below 0, and a WAL written
     before the check (such items were acknowledged, never searchable) still loads."""
-    from actors import persistence
+    from actors.storage import persistence
 
     x = clustered(20, 4, seed=3)
     shard = new_shard(tmp_path)

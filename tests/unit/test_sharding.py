@@ -6,11 +6,11 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.partition import serialize
-from actors.shard import Shard
-from actors.training import TrainParams, train_template
+from actors.control.training import TrainParams, train_template
+from actors.engine.ivf import serialize
+from actors.engine.shard import Shard
 from actors.types import SearchRequest, UpsertBatch, shard_assignment
-from serve_app.engine import merge
+from serve_app.gateway.engine import merge
 from tests.helpers import clustered
 
 KEY = bytes(range(32))

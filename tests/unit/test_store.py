@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.store import LocalStore, Store, StoreError, key_join, open_store, redact_url
-from actors.store.local import _frame, parse_log
+from actors.storage import LocalStore, Store, StoreError, key_join, open_store, redact_url
+from actors.storage.local import _frame, parse_log
 from tests.helpers import run_threads
 
 BACKENDS = ["local", "postgresql"]
@@ -280,7 +280,7 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_open_store_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "actors.store.postgres", None)  # as if psycopg were missing
+    monkeypatch.setitem(sys.modules, "actors.storage.postgres", None)  # as if psycopg were missing
     for url in ["postgresql://u:secretpw@db/vaultvec", "postgres://db/x"]:
         with pytest.raises(StoreError, match=r'pip install "vaultvec\[postgres\]"') as info:
             open_store(url)
@@ -288,7 +288,7 @@ def test_open_store_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_open_store_postgres(fresh_postgres_url: str) -> None:
-    from actors.store.postgres import PostgresStore
+    from actors.storage.postgres import PostgresStore
 
     rest = fresh_postgres_url.split("://", 1)[1]
     for url in [fresh_postgres_url, f"postgres://{rest}", f"postgresql+psycopg://{rest}"]:

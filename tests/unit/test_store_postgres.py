@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.store import LocalStore, StoreError, open_store
+from actors.storage import LocalStore, StoreError, open_store
 from tests.helpers import free_port, run_threads
 from tests.pg_server import PostgresServer
 
@@ -19,8 +19,8 @@ psycopg = pytest.importorskip(
     "psycopg", reason='psycopg not installed: pip install -e ".[postgres]"'
 )
 
-from actors.store import postgres  # noqa: E402
-from actors.store.postgres import PostgresStore  # noqa: E402
+from actors.storage import postgres  # noqa: E402
+from actors.storage.postgres import PostgresStore  # noqa: E402
 
 
 @pytest.fixture

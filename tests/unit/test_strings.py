@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.strings import (
+from actors.engine.strings import (
     StringBlock,
     StringColumn,
     concat_columns,

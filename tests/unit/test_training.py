@@ -6,8 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from actors.errors import InvalidRequest
-from actors.training import (
+from actors.control.training import (
     TrainParams,
     auto_n_lists,
     calibrate_nprobe,
@@ -15,6 +14,7 @@ from actors.training import (
     sample_size,
     train_template,
 )
+from actors.errors import InvalidRequest
 from actors.types import IndexConfig
 from tests.helpers import clustered, exact_knn
 

@@ -1,0 +1,554 @@
+"""The control-plane actor: index catalog, index creation/deletion, partition placement on the
+shard pool (actors.pool.placement), training.
+
+Gateways consult it only when their cached view of an index is missing or stale; queries never
+pass through it. Training runs in a background thread of this (threaded) actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+import faiss
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from actors.control import rotation
+from actors.control.training import (
+    TrainParams,
+    auto_n_lists,
+    calibrate_nprobe,
+    calibrate_probing,
+    sample_size,
+    train_template,
+)
+from actors.engine.ivf import centroids_of, deserialize, serialize
+from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
+from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
+from actors.pool.client import ShardClient, shared
+from actors.pool.placement import Pool, place
+from actors.process import heap
+from actors.process.cpus import node_cpus
+from actors.storage import Store, open_store, persistence
+from actors.storage.crypto import fingerprint
+from actors.types import IndexConfig, IndexMeta, KeyRotation, Partition, PoolStats
+
+NAMESPACE = "vaultvec"
+CONTROL_NAME = "vaultvec-control"
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    store_url: str
+    shard_num_cpus: float = 0.05
+    shard_start_timeout_s: float = 60.0
+    retire_timeout_s: float = 30.0
+    shard_threads: int = (
+        0  # 0 = the Ray node's CPUs (for batches: actors.engine.shard.BATCH_THREADS_MIN)
+    )
+    # Calls one pool actor runs at once, each on its own thread. A thread that ran a call keeps
+    # ~30 KB of its stack resident (Ray's call path, then the partition's work): with 32 the
+    # actors' memory crept up by a megabyte over the first few hundred calls.
+    shard_max_concurrency: int = 16
+    wal_max_records: int = 256
+    auto_train_threshold: int = 10_000
+    retrain_factor: float = 4.0
+    recall_target: float = 0.95
+    idle_ttl_s: float = 0.0
+    pool_size: int = 0  # pool actors per node; 0 = one per CPU
+    pool_memory_budget_mb: int = 0  # per pool actor; 0 = its share of the node's memory
+    train_wait_s: float = 600.0
+    train_threads: int = 0  # 0 = all cores of the node
+    max_indexes: int = 100_000
+
+
+@dataclass(frozen=True)
+class IndexView:
+    """What a gateway caches per index: config, the pool actor hosting each partition (shard
+    number order) and the coarse centroids."""
+
+    meta: IndexMeta
+    config: IndexConfig
+    shards: tuple[Any, ...]
+    centroids: np.ndarray | None
+
+    def clients(self) -> list[ShardClient]:
+        """Typed calls to each partition, in shard number order."""
+        m = self.meta
+        return [ShardClient(h, Partition(m.name, m.index_id, s)) for s, h in enumerate(self.shards)]
+
+
+class ControlPlane:
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.store: Store = open_store(options.store_url)
+        self.pool = Pool(
+            options.store_url,
+            size_per_node=options.pool_size,
+            budget_bytes=options.pool_memory_budget_mb << 20,
+            idle_ttl_s=options.idle_ttl_s,
+            num_cpus=options.shard_num_cpus,
+            max_concurrency=options.shard_max_concurrency,
+            wal_max_records=options.wal_max_records,
+            threads=options.shard_threads,
+            start_timeout_s=options.shard_start_timeout_s,
+        )
+        self._lock = threading.RLock()
+        self._configs: dict[str, IndexConfig] = {}
+        self._training: dict[str, Future[IndexConfig]] = {}
+        self._catalog: dict[str, IndexMeta] = {}
+        self._load: Counter[str] = Counter()  # partitions per pool actor
+        for key in self.store.list("indexes/"):
+            if key.endswith("/meta"):
+                raw = self.store.get(key)
+                if raw is not None:
+                    meta = persistence.read_meta(raw)
+                    self._catalog[meta.name] = meta
+                    self._load.update(meta.placement)
+        self._rotating: set[str] = set()  # names whose key rotation is under way
+        self._keys: dict[str, tuple[str, int, bytes]] = {}  # name -> (id, epoch, key digest)
+        self._recovery = self._recover_rotations()
+
+    # -- catalog ----------------------------------------------------------------------------
+    def list_indexes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._catalog)
+
+    def lookup(self, name: str) -> IndexMeta:
+        with self._lock:
+            meta = self._catalog.get(name)
+        if meta is None:
+            raise IndexNotFound(f"index {name!r} not found")
+        return meta
+
+    def create_index(
+        self, meta: IndexMeta, key: bytes, cfg: IndexConfig, max_per_owner: int = 0
+    ) -> None:
+        """Persist a new index, its partitions placed on the pool; ``cfg.n_shards == 0`` picks
+        the default. Starts no process (the pool's actors run already). ``max_per_owner``
+        (0: none): the indexes ``meta.owner`` (an API key's name) may hold."""
+        if cfg.n_shards == 0:
+            cfg = cfg.evolve(n_shards=default_shards())
+        members = self.pool.members()  # Unavailable if the pool cannot start
+        with self._lock:
+            if meta.name in self._catalog:
+                raise IndexExists(f"index {meta.name!r} already exists")
+            if len(self._catalog) >= self.options.max_indexes:
+                raise InvalidRequest(
+                    f"the service holds {len(self._catalog)} indexes, its limit "
+                    f"(VAULTVEC_MAX_INDEXES={self.options.max_indexes}); delete one first"
+                )
+            owned = sum(m.owner == meta.owner for m in self._catalog.values())
+            if max_per_owner and owned >= max_per_owner:
+                raise InvalidRequest(
+                    f"API key {meta.owner!r} holds {owned} indexes, its limit "
+                    f"(max_indexes_per_key={max_per_owner}); delete one first"
+                )
+            meta = replace(meta, placement=place(meta.index_id, cfg.n_shards, members, self._load))
+            persistence.write_config(self.store, key, cfg)
+            persistence.write_meta(self.store, meta)  # last: the index exists once this lands
+            self._catalog[meta.name] = meta
+            self._configs[meta.name] = cfg
+            self._load.update(meta.placement)
+
+    def delete_index(self, name: str, key: bytes) -> None:
+        """Delete an index: catalog entry first, then retire its partitions, then its data.
+
+        Partitions are retired before this returns, so a gateway still holding the placement
+        gets IndexRetired (and looks the index up again) rather than answers from a deleted
+        index.
+        """
+        meta = self.lookup(name)
+        self.config(name, key)  # the key is checked by the caller; this loads the config
+        with self._lock:
+            self.store.delete(persistence.meta_key(meta.index_id))  # first: the index is gone
+            self._catalog.pop(name, None)
+            self._configs.pop(name, None)
+            self._load.subtract(meta.placement)
+        actors = [self.pool.handle(a) for a in dict.fromkeys(meta.placement)]
+        with contextlib.suppress(GetTimeoutError, RayActorError):  # a restarted one refuses too
+            ray.get(
+                [a.retire.remote(meta.index_id) for a in actors],
+                timeout=self.options.retire_timeout_s,
+            )
+        self.store.delete_prefix(persistence.index_prefix(meta.index_id) + "/")
+
+    def config(self, name: str, key: bytes) -> IndexConfig:
+        meta = self._check_key(name, key)
+        with self._lock:
+            cfg = self._configs.get(name)
+            if cfg is None:
+                cfg = persistence.read_config(self.store, key, name, meta.index_id, meta.epoch)
+                if cfg is None:
+                    raise IndexNotFound(f"index {name!r} not found")
+                self._configs[name] = cfg
+            if cfg.key_epoch != meta.epoch:  # the key was rotated since it was checked
+                raise Unauthorized("invalid index_key for this index")
+            return cfg
+
+    def _check_key(self, name: str, key: bytes) -> IndexMeta:
+        """The index's entry, once ``key`` is known to be its current data key: it opens the
+        current key epoch's config (checked once per key and epoch). Gateways verify keys
+        first; this keeps a key a gateway verified against an entry it cached before a
+        rotation from reading or writing anything of the index."""
+        meta = self.lookup(name)
+        seen = (meta.index_id, meta.epoch, fingerprint(key))
+        if self._keys.get(name) == seen:
+            return meta
+        if persistence.opens_config(self.store, key, name, meta.index_id, meta.epoch) is False:
+            raise Unauthorized("invalid index_key for this index")
+        self._keys[name] = seen
+        return meta
+
+    def view(self, name: str, key: bytes) -> IndexView:
+        meta = self.lookup(name)
+        cfg = self.config(name, key)
+        centroids = None
+        if cfg.is_trained:
+            template = persistence.read_template(self.store, key, cfg)
+            if template is not None:
+                centroids = centroids_of(deserialize(template))
+        return IndexView(meta, cfg, self._partitions(meta, cfg), centroids)
+
+    def set_dimension(self, name: str, key: bytes, dimension: int) -> IndexConfig:
+        """Fix an index's dimension at its first upsert (first writer wins)."""
+        with self._lock:
+            cfg = self.config(name, key)
+            if cfg.dimension is None:
+                cfg = cfg.evolve(dimension=dimension)
+                persistence.write_config(self.store, key, cfg)
+                self._configs[name] = cfg
+            return cfg
+
+    def _partitions(self, meta: IndexMeta, cfg: IndexConfig) -> tuple[Any, ...]:
+        """The pool actor of each partition. An index stored without a placement (by an older
+        vaultvec, which gave each index its own actors) is placed now, once."""
+        if len(meta.placement) != cfg.n_shards:
+            members = self.pool.members()
+            with self._lock:
+                meta = self._catalog.get(meta.name, meta)
+                if len(meta.placement) != cfg.n_shards:
+                    placement = place(meta.index_id, cfg.n_shards, members, self._load)
+                    meta = replace(meta, placement=placement)
+                    persistence.write_meta(self.store, meta)
+                    self._catalog[meta.name] = meta
+                    self._load.update(placement)
+        return tuple(self.pool.handle(a) for a in meta.placement)
+
+    def _clients(self, meta: IndexMeta, cfg: IndexConfig) -> list[ShardClient]:
+        return IndexView(meta, cfg, self._partitions(meta, cfg), None).clients()
+
+    def pool_stats(self) -> list[PoolStats]:
+        """Every pool actor's memory (budget, TTL, resident, partitions loaded)."""
+        handles = [self.pool.handle(a) for a in self.pool.members()]
+        return list(ray.get([h.pool_stats.remote() for h in handles]))
+
+    def stop_pool(self) -> None:
+        self.pool.stop()
+
+    # -- metrics (actors.metrics) -----------------------------------------------------------
+    def report_metrics(self, replica: str, families: list[Family]) -> None:
+        """A gateway replica's series, pushed every few seconds."""
+        self._metrics().gateway(replica, families)
+
+    def service_metrics(
+        self, replica: str, families: list[Family], timeout_s: float = 10.0
+    ) -> ServiceReport:
+        """The whole service's series for a scrape at gateway ``replica`` (whose own series
+        come along): the other gateways' latest, the control plane's, every pool actor's."""
+        state = self._metrics()
+        state.gateway(replica, families)
+        try:
+            handles = [self.pool.handle(a) for a in self.pool.members()]
+        except VaultvecError:  # the pool cannot start: report the rest
+            handles = []
+        refs = [h.metrics.remote() for h in handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        pools = []
+        for ref in ready:
+            with contextlib.suppress(RayActorError):
+                pools.append(ray.get(ref))
+        with self._lock:
+            names = {meta.index_id: name for name, meta in self._catalog.items()}
+        return ServiceReport(
+            state.gateways_except(replica),
+            state.registry.snapshot(),
+            pools,
+            names,
+            len(refs) - len(pools),
+        )
+
+    def _metrics(self) -> ControlMetrics:
+        """Created on first use (a gateway's first report, or a training's end)."""
+        with self._lock:
+            state: ControlMetrics | None = self.__dict__.get("_metrics_state")
+            if state is None:
+                state = self._metrics_state = ControlMetrics(self._catalog_metrics)
+            return state
+
+    def _catalog_metrics(self) -> list[Family]:
+        with self._lock:
+            shards = {meta.index_id: len(meta.placement) for meta in self._catalog.values()}
+            running = {self._catalog[n].index_id for n in self._training if n in self._catalog}
+        return [
+            gauge(
+                "vaultvec_index_shards", "partitions (shards) per index", (INDEX_ID,), keyed(shards)
+            ),
+            gauge(
+                "vaultvec_index_training",
+                "1 while the index is training",
+                (INDEX_ID,),
+                {(i,): float(i in running) for i in shards},
+            ),
+        ]
+
+    def _record_training(self, name: str, started: float, future: Future[IndexConfig]) -> None:
+        meta = self._catalog.get(name)
+        if meta is not None:
+            ok = future.done() and future.exception() is None
+            self._metrics().training(meta.index_id, time.monotonic() - started, ok)
+
+    # -- training ---------------------------------------------------------------------------
+    def train(self, name: str, key: bytes, params: TrainParams, wait: bool = True) -> str:
+        """Start (or join) training; with ``wait``, block until it ends or train_wait_s passes."""
+        with self._lock:
+            self.lookup(name)
+            if name in self._rotating:
+                raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
+            future = self._training.get(name)
+            if future is None:
+                future = Future()
+                self._training[name] = future
+                threading.Thread(
+                    target=self._train_job, args=(name, key, params, future), daemon=True
+                ).start()
+        if not wait:
+            return "in_progress"
+        try:
+            future.result(timeout=self.options.train_wait_s)
+        except TimeoutError:
+            return "in_progress"
+        return "success"
+
+    def maybe_autotrain(self, name: str, key: bytes, total: int) -> bool:
+        try:
+            cfg = self.config(name, key)
+        except VaultvecError:
+            return False
+        o = self.options
+        due = (not cfg.is_trained and total >= o.auto_train_threshold) or (
+            cfg.is_trained and total >= o.retrain_factor * max(cfg.trained_size, 1)
+        )
+        if due and name not in self._training and name not in self._rotating:
+            self.train(name, key, TrainParams(), wait=False)
+            return True
+        return False
+
+    def training_status(self) -> dict[str, Any]:
+        """Every field CyborgDB's clients read: trainings run at once, so none is queued."""
+        with self._lock:
+            running = sorted(n for n, f in self._training.items() if not f.done())
+        return {
+            "training_indexes": running,
+            "retrain_threshold": self.options.auto_train_threshold,
+            "worker_pid": os.getpid(),
+            "global_training": {},
+            "currently_training": running[0] if running else None,
+            "queued_indexes": [],
+            "worker_running": bool(running),
+        }
+
+    def _train_job(
+        self, name: str, key: bytes, params: TrainParams, future: Future[IndexConfig]
+    ) -> None:
+        started = time.monotonic()
+        try:
+            future.set_result(self._train(name, key, params))
+        except BaseException as exc:
+            future.set_exception(exc)
+        finally:
+            self._record_training(name, started, future)
+            with self._lock:
+                if self._training.get(name) is future:
+                    del self._training[name]
+            heap.trim(collect=True)  # the training sample and k-means' buffers: their pages back
+
+    def _train(self, name: str, key: bytes, params: TrainParams) -> IndexConfig:
+        # Ray caps OMP threads at the actor's (fractional) CPUs; training is worth the cores.
+        faiss.omp_set_num_threads(self.options.train_threads or node_cpus())
+        meta = self.lookup(name)
+        cfg = self.config(name, key)
+        shards = self._clients(meta, cfg)
+        counts = [s.count for s in ray.get([sh.stats(key) for sh in shards])]
+        total = sum(counts)
+        if total == 0 or cfg.dimension is None:
+            raise InvalidRequest("cannot train an empty index")
+        n_lists = params.n_lists or cfg.n_lists_requested or auto_n_lists(total)
+        if not params.n_lists and cfg.n_lists_requested:  # asked at create time: as many as fit
+            n_lists = min(n_lists, max(1, total // 39))
+        if n_lists > total:
+            raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
+        size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
+        streams = [
+            sh.sample(key, math.ceil(size * c / total) + 1, seed)
+            for seed, (sh, c) in enumerate(zip(shards, counts))
+        ]
+        parts = [ray.get(ref) for stream in streams for ref in stream]
+        sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32, copy=False)
+        del parts
+        template = train_template(
+            sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params, sq_bits=cfg.sq_bits
+        )
+        table = calibrate_nprobe(template, sample, cfg.recall_target)
+        probing = calibrate_probing(template, sample, cfg.recall_target, table, len(shards))
+        new_cfg = cfg.evolve(
+            version=cfg.version + 1,
+            n_lists=n_lists,
+            trained_size=total,
+            nprobe_table=table,
+            probe_table=probing,
+        )
+        blob = serialize(template)
+        persistence.write_template(self.store, key, new_cfg, blob)
+        ref = shared(blob, len(shards))
+        ray.get(
+            [
+                sh.rebuild(key, new_cfg.version, ref, table, params.batch_size or 65536)
+                for sh in shards
+            ]
+        )
+        with self._lock:
+            if name not in self._catalog:
+                raise IndexNotFound(f"index {name!r} was deleted during training")
+            latest = self._configs.get(name, cfg)
+            new_cfg = new_cfg.evolve(dimension=latest.dimension)
+            persistence.write_config(self.store, key, new_cfg)
+            self._configs[name] = new_cfg
+        persistence.prune_templates(self.store, new_cfg)
+        return new_cfg
+
+    # -- key rotation (actors.control.rotation) ------------------------------------------------------
+    def rotate_key(
+        self, name: str, key: bytes, salt: bytes, verifier: bytes, new_key: bytes
+    ) -> None:
+        """Re-seal every stored blob of the index under ``new_key`` (derived with ``salt``;
+        ``verifier`` its verifier) while it serves; returns once the old key opens nothing."""
+        cfg = self.config(name, key)
+        meta = self.lookup(name)
+        if len(meta.placement) != cfg.n_shards:  # stored before placement existed: place it
+            self._partitions(meta, cfg)
+        with self._lock:
+            if name in self._training or name in self._rotating:
+                raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
+            self._rotating.add(name)
+        settled = True
+        try:
+            meta = self.lookup(name)
+            parts = self._partition_set(meta)
+            rotation.rotate(self, parts, meta, key, KeyRotation(salt, verifier), new_key)
+        except rotation.Unsettled:
+            settled = False  # stays locked against rotation and training until a restart
+            raise
+        finally:
+            if settled:
+                with self._lock:
+                    self._rotating.discard(name)
+
+    def update_meta(self, meta: IndexMeta, change: Callable[[IndexMeta], IndexMeta]) -> IndexMeta:
+        with self._lock:
+            new = change(self._current(meta))
+            persistence.write_meta(self.store, new)
+            self._catalog[meta.name] = new
+            return new
+
+    def switch_key(
+        self, meta: IndexMeta, key: bytes, next_key: KeyRotation, new_key: bytes
+    ) -> IndexMeta:
+        with self._lock:  # also orders the config's copy with set_dimension
+            current = self._current(meta)
+            cfg = self._configs[meta.name]
+            epoch = current.epoch + 1
+            new_cfg = cfg.evolve(key_epoch=epoch)
+            persistence.reseal_templates(self.store, key, cfg, new_key, epoch)
+            persistence.write_config(self.store, new_key, new_cfg)
+            new = replace(
+                current,
+                salt=next_key.salt,
+                verifier=next_key.verifier,
+                epoch=epoch,
+                rotation=None,
+                retired_epoch=current.epoch,
+            )
+            try:
+                persistence.write_meta(self.store, new)  # the switch
+            except Exception:
+                if not rotation.landed(self.store, new):
+                    raise
+            self._catalog[meta.name] = new
+            self._configs[meta.name] = new_cfg
+            self._keys[meta.name] = (new.index_id, epoch, fingerprint(new_key))
+            return new
+
+    def _current(self, meta: IndexMeta) -> IndexMeta:
+        """The catalog's entry for ``meta``'s index (caller holds the lock)."""
+        current = self._catalog.get(meta.name)
+        if current is None or current.index_id != meta.index_id:
+            raise IndexNotFound(f"index {meta.name!r} was deleted")
+        return current
+
+    def _partition_set(self, meta: IndexMeta) -> rotation.Partitions:
+        handles = [self.pool.handle(a) for a in meta.placement]
+        clients = [
+            ShardClient(h, Partition(meta.name, meta.index_id, s)) for s, h in enumerate(handles)
+        ]
+        return rotation.RayPartitions(clients)
+
+    def _recover_rotations(self) -> threading.Thread | None:
+        """Settle, in the background, the rotations a stopped control plane left behind
+        (rotation.recover); those indexes refuse rotation and training until then."""
+        metas = [m for m in self._catalog.values() if m.rotation or m.retired_epoch >= 0]
+        if not metas:
+            return None
+        self._rotating.update(m.name for m in metas)
+
+        def run() -> None:
+            for meta in metas:
+                try:
+                    rotation.recover(self, self._partition_set(meta), meta)
+                except Exception:  # stays marked in the store: the next start tries again
+                    rotation.log.exception(
+                        "could not settle the key rotation of index id %s", meta.index_id
+                    )
+                finally:
+                    with self._lock:
+                        self._rotating.discard(meta.name)
+
+        thread = threading.Thread(target=run, name="vaultvec-rotation-recovery", daemon=True)
+        thread.start()
+        return thread
+
+    def ping(self) -> bool:
+        return True
+
+
+def default_shards() -> int:
+    """Shards for an index created without a count: one per live Ray node with CPUs. Within a
+    node one partition serves a query with one actor call (each call costs more than searching
+    a small index: docs/performance.md) and a batch with every core (Shard.search)."""
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0))
+    return max(1, nodes)
+
+
+def new_index_id() -> str:
+    return secrets.token_hex(8)

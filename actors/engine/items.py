@@ -1,0 +1,243 @@
+"""Per-shard item table: string ids <-> integer labels, metadata, contents, liveness.
+
+Labels are integers handed out in order and never reused, so every per-item column is a numpy
+array indexed by label and lookups for a whole result block are single gathers. Replaced and
+deleted items leave dead rows behind; :meth:`ItemTable.relabelled` copies the table onto a dense
+range of labels (actors.engine.compaction decides when).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from actors.engine.filters import FilterNode, MetadataColumns
+from actors.engine.idmap import IdMap
+from actors.engine.strings import StringBlock, StringColumn
+from actors.storage.codec import pack_strings, unpack_strings
+
+
+def _grow(arr: np.ndarray, size: int) -> np.ndarray:
+    if size <= len(arr):
+        return arr
+    new = np.empty(max(size, 2 * len(arr), 1024), dtype=arr.dtype)
+    if arr.dtype == object:
+        new[:] = None
+    elif arr.dtype == bool:
+        new[:] = False
+    else:
+        new[:] = 0
+    new[: len(arr)] = arr
+    return new
+
+
+class ItemTable:
+    def __init__(self) -> None:
+        self.next_label = 0
+        self.ids = StringColumn()  # packed: search results gather ids as bytes, not objects
+        self.id_map = IdMap(self.ids.get)  # id -> label, checked against the stored ids
+        self.metadata = np.empty(0, dtype=object)  # orjson bytes or None
+        self.contents = np.empty(0, dtype=object)  # str or None
+        self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
+        self.alive = np.empty(0, dtype=bool)
+        self.columns = MetadataColumns()
+
+    def __len__(self) -> int:
+        return len(self.id_map)
+
+    def find(self, ids: Sequence[str]) -> tuple[list[str], np.ndarray]:
+        """The ids that exist, in the given order, and their labels (one lookup)."""
+        labels = self.id_map.lookup(ids)
+        ok = labels >= 0
+        return [i for i, f in zip(ids, ok.tolist()) if f], labels[ok]
+
+    def present(self, ids: Sequence[str]) -> list[str]:
+        """The ids that exist, in the given order."""
+        return self.find(ids)[0]
+
+    def all_ids(self) -> list[str]:
+        return self.ids_of(self.live_labels())
+
+    def ids_of(self, labels: np.ndarray) -> list[str]:
+        return [i for i in self.ids.get(labels).flat() if i is not None]
+
+    def order(self, labels: np.ndarray, path: str, ascending: bool) -> list[tuple[Any, str]]:
+        """``(sort key, id)`` of ``labels`` ordered by the metadata value at dot ``path``, in
+        MongoDB's type order: missing and null, then numbers, strings, objects, arrays,
+        booleans; descending reverses it. Ties go by id."""
+        ids = self.ids_of(labels)
+        keys = [sort_key(self.metadata[label], path) for label in labels.tolist()]
+        pairs = sorted(zip(keys, ids), reverse=not ascending)
+        return pairs
+
+    def matching(self, node: FilterNode | None) -> np.ndarray:
+        """Labels of the live items that ``node`` matches (every live item when None)."""
+        if node is None:
+            return self.live_labels()
+        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
+        return np.flatnonzero(mask).astype(np.int64)
+
+    def insert(
+        self,
+        ids: Sequence[str],
+        metadata: Sequence[bytes | None],
+        contents: Sequence[str | None],
+        norms: np.ndarray | None,
+        labels: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Add items under fresh labels (or the given ones, when restoring a snapshot).
+
+        Returns (new labels, labels of replaced items that must leave the vector index).
+        """
+        n = len(ids)
+        if len(set(ids)) != n:  # before any change: the table stays as it was
+            raise ValueError("ItemTable.insert: ids must be distinct")
+        replaced = self.id_map.remove(ids)
+        if len(replaced):
+            self.alive[replaced] = False
+            self.ids.clear(replaced)
+        if labels is None:
+            labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
+        end = int(labels.max()) + 1 if n else self.next_label
+        self.next_label = max(self.next_label, end)
+        self._reserve(self.next_label)
+        self.ids.set(labels, ids)
+        self.ids.compact()
+        self.metadata[labels] = list(metadata)
+        self.contents[labels] = list(contents)
+        if norms is not None:
+            self.norms[labels] = norms
+        self.alive[labels] = True
+        self.id_map.add(ids, labels)
+        self.columns.append(labels, [None if m is None else orjson.loads(m) for m in metadata])
+        return labels, replaced
+
+    def _reserve(self, size: int) -> None:
+        """Room for labels below ``size`` in every per-label array."""
+        self.metadata = _grow(self.metadata, size)
+        self.contents = _grow(self.contents, size)
+        self.norms = _grow(self.norms, size)
+        self.alive = _grow(self.alive, size)
+
+    def remove(self, ids: Sequence[str]) -> np.ndarray:
+        labels = self.id_map.remove(ids)
+        if len(labels):
+            self.alive[labels] = False
+            self.ids.clear(labels)
+            self.ids.compact()
+        return labels
+
+    def live_labels(self) -> np.ndarray:
+        return np.flatnonzero(self.alive[: self.next_label]).astype(np.int64)
+
+    def selection(self, node: FilterNode | None) -> tuple[np.ndarray | None, int]:
+        """(packed bitmap of the labels a query may return, how many live items match).
+
+        No filter: (None, every live item). The filter is evaluated once for both.
+        """
+        if node is None:
+            return None, len(self)
+        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
+        return np.packbits(mask, bitorder="little"), int(mask.sum())
+
+    # -- compaction (actors.engine.compaction) ----------------------------------------------------
+    def dead_rows(self) -> int:
+        """Labels handed out whose items were since replaced or deleted."""
+        return self.next_label - len(self)
+
+    def relabelled(self) -> tuple[ItemTable, np.ndarray]:
+        """A copy holding the live items under labels 0..n-1, in their label order, with
+        every per-label array exactly n long; and ``new_of``, each old label's new label
+        (-1 for the dead rows). The copy answers every lookup, filter and gather as this
+        table does, through ``new_of``; this table is left as it is."""
+        live = self.live_labels()
+        n = len(live)
+        new_of = np.full(self.next_label, -1, dtype=np.int64)
+        new_of[live] = np.arange(n, dtype=np.int64)
+        out = ItemTable()
+        out.next_label = n
+        out.ids = self.ids.relabelled(live)
+        out.id_map = self.id_map.relabelled(new_of, out.ids.get)
+        out.metadata = self.metadata[live]
+        out.contents = self.contents[live]
+        out.norms = self.norms[live]
+        out.alive = np.ones(n, dtype=bool)
+        out.columns = self.columns.relabelled(new_of)
+        return out, new_of
+
+    def nbytes(self) -> int:
+        """Bytes of the per-label arrays, the id map and the filter columns (the metadata and
+        contents arrays count their references, not the objects)."""
+        arrays = (self.metadata, self.contents, self.norms, self.alive)
+        return (
+            sum(a.nbytes for a in arrays)
+            + self.ids.nbytes()
+            + self.id_map.nbytes()
+            + self.columns.nbytes()
+        )
+
+    # -- snapshots --------------------------------------------------------------------------
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        labels = self.live_labels()
+        ids = self.ids.get(labels)
+        ids_blob, ids_len = ids.blob, ids.lens.astype(np.int64)
+        meta_blob, meta_len = pack_strings(self.metadata[labels].tolist())
+        cont_blob, cont_len = pack_strings(self.contents[labels].tolist())
+        return {
+            "labels": labels,
+            "ids_blob": ids_blob,
+            "ids_len": ids_len,
+            "meta_blob": meta_blob,
+            "meta_len": meta_len,
+            "contents_blob": cont_blob,
+            "contents_len": cont_len,
+            "norms": self.norms[labels],
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], next_label: int) -> ItemTable:
+        table = cls()
+        labels = arrays["labels"].astype(np.int64)
+        table.insert(
+            unpack_strings(arrays["ids_blob"], arrays["ids_len"]),
+            unpack_strings(arrays["meta_blob"], arrays["meta_len"], as_bytes=True),
+            unpack_strings(arrays["contents_blob"], arrays["contents_len"]),
+            arrays["norms"].astype(np.float32),
+            labels=labels,
+        )
+        table.next_label = max(table.next_label, next_label)
+        table._reserve(table.next_label)  # labels above the last live one were handed out too
+        return table
+
+    def gather_ids(self, labels: np.ndarray) -> StringBlock:
+        """The ids of ``labels`` (any shape); label -1 (no result) maps to None."""
+        return self.ids.get(labels)
+
+    def gather(self, labels: np.ndarray, column: str) -> np.ndarray:
+        """Per-label values of an object column; label -1 (no result) maps to None."""
+        values: Any = getattr(self, column)
+        out = np.empty(labels.shape, dtype=object)
+        ok = labels >= 0
+        out[ok] = values[labels[ok]]
+        return out
+
+
+def sort_key(blob: bytes | None, path: str) -> tuple[int, Any]:
+    """The sort key of one item's metadata value at ``path`` (see ItemTable.order)."""
+    value: Any = None if blob is None else orjson.loads(blob)
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return (0, 0)
+    if isinstance(value, bool):
+        return (5, int(value))
+    if isinstance(value, (int, float)):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    # Objects before arrays, as MongoDB orders them; within each, by their JSON text (MongoDB
+    # compares an array by its elements).
+    return (3 if isinstance(value, dict) else 4, orjson.dumps(value, option=orjson.OPT_SORT_KEYS))

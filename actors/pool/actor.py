@@ -1,0 +1,477 @@
+"""ShardPool: a long-lived actor hosting the partitions (index, shard number) of any number of
+indexes, within a memory budget.
+
+The control plane starts a pool of these per node (actors.pool.placement) and places each index's S
+partitions on S different pool actors. A partition is a :class:`~actors.engine.shard.Shard` with its
+own key, locks, write-ahead log and snapshots: a wrong key for one index never unlocks another,
+and one index's training or heavy query holds only its own locks. Hosting a partition costs
+nothing until a request with its key loads it; partitions idle past the TTL, or the least
+recently used ones while the actor's resident memory is over its budget, are unloaded again
+(everything is in the store, encrypted). A restarted actor reloads its partitions lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+import ray
+
+from actors import metrics as m
+from actors.engine.filters import FilterNode
+from actors.engine.shard import Shard
+from actors.errors import IndexRetired
+from actors.pool import channel
+from actors.pool.client import UPSERT_GROUP, ShardCalls, chunks, pack, unframe, unpack_request
+from actors.process import heap
+from actors.process.cpus import node_cpus
+from actors.storage import Store, open_store, persistence
+from actors.types import (
+    Fetched,
+    Partition,
+    PoolStats,
+    SearchRequest,
+    SearchResult,
+    ShardStats,
+    UpsertBatch,
+)
+
+log = logging.getLogger("vaultvec.pool")
+
+# How often a pool actor evicts (when it has a budget or a TTL) and checks whether to trim its
+# heap: after a whole period without calls, once its private memory grew this much since its
+# last trim. What calls leave free (request and result buffers, a search's scratch: 200 single
+# queries left 2.4 MB) and what Ray's own periodic work in the process leaves (1.4-1.7 MB every
+# 10 s) stays resident until a trim; a trim walks the whole heap (15 ms over 1.5 GB resident),
+# so one that can return little is not made.
+HOUSEKEEPING_PERIOD_S = 1.0
+TRIM_GROWTH_BYTES = 1 << 20
+# Below the budget by this share after evicting, so that the next load does not evict at once.
+BUDGET_HEADROOM = 0.9
+# Upserts of more than 64 KiB (actors.pool.client.LARGE_UPSERT_BYTES) run on call threads of their
+# own, this many (the concurrency group UPSERT_GROUP, to which actors.pool.client.ShardClient sends
+# them). Each of an actor's call threads keeps what Ray received for the last call it ran (in
+# Ray's core, not as Python objects), and an upsert's piece is up to 768 KiB: on any of 16
+# threads, the actor's private memory swung by up to 12 MB with which threads last took a piece
+# (churn at 20,000 items read 1.04-1.20x between runs). Nor does a bulk write hold the threads
+# that the actor's reads, and small writes, of any index need.
+UPSERT_THREADS = 2
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    store_url: str
+    name: str = ""
+    budget_bytes: int = 0  # 0 = no budget
+    idle_ttl_s: float = 0.0  # 0 = never
+    wal_max_records: int = 256
+    threads: int = 0  # 0 = the node's CPUs (actors.process.cpus.node_cpus)
+
+
+class ShardPool:
+    """Implements actors.pool.client.ShardCalls for the partitions it hosts."""
+
+    def __init__(self, options: PoolOptions) -> None:
+        heap.configure()  # one malloc arena, request buffers recycled (see actors.process.heap)
+        self.options = options
+        self.threads = options.threads or node_cpus()  # for the shards' batches and rebuilds
+        self.store: Store = open_store(options.store_url)
+        self._lock = threading.Lock()
+        self._hosted: dict[tuple[str, int], Shard] = {}
+        self._retired: set[str] = set()
+        self._channel: channel.ChannelServer | None = None
+        self._no_channel = False  # none can be made here
+        self._evictions = 0
+        self._metrics = PoolMetrics(self)
+        # Free memory in the heap is given back once the actor goes quiet (housekeep): memory
+        # follows the partitions. The calls in flight and since the last pass:
+        self._idle = heap.IdleTrim(0, quiet_s=HOUSEKEEPING_PERIOD_S)
+        # Private memory after the last trim (or the least since, when it fell without one).
+        self._trimmed_at = heap.resident_anon_bytes() or 0
+        threading.Thread(
+            target=_housekeep, args=(weakref.ref(self),), name="vaultvec-housekeep", daemon=True
+        ).start()
+
+    # -- hosting ----------------------------------------------------------------------------
+    def _shard(self, partition: Partition | str) -> Shard:
+        p = Partition.of(partition)
+        slot = (p.index_id, p.shard_no)
+        shard = self._hosted.get(slot)
+        if shard is not None:
+            return shard
+        with self._lock:
+            shard = self._hosted.get(slot)
+            if shard is None:
+                if p.index_id in self._retired or not self._exists(p.index_id):
+                    raise IndexRetired(f"index {p.name!r} (id {p.index_id}) was deleted")
+                shard = Shard(
+                    self.store,
+                    p.name,
+                    p.index_id,
+                    p.shard_no,
+                    wal_max_records=self.options.wal_max_records,
+                    threads=self.threads,
+                )
+                self._hosted[slot] = shard
+        return shard
+
+    def _exists(self, index_id: str) -> bool:
+        """Whether the index is in the catalog: a partition of a deleted index (a stale gateway,
+        a restarted actor) is refused rather than created empty."""
+        return self.store.get(persistence.meta_key(index_id)) is not None
+
+    def retire(self, index_id: str) -> None:
+        """Refuse every later call for the index (it is being deleted) and drop its partitions.
+        Gateways still holding its placement then learn that their view is stale."""
+        with self._lock:
+            self._retired.add(index_id)
+            gone = [slot for slot in self._hosted if slot[0] == index_id]
+            shards = [self._hosted.pop(slot) for slot in gone]
+        for shard in shards:
+            shard.retire()
+        if shards:
+            heap.trim()
+
+    # -- the partition calls ----------------------------------------------------------------
+    @contextmanager
+    def _call(self, name: str, shard_no: int = -1) -> Iterator[None]:
+        """Around every partition call: counted and timed (PoolMetrics), and seen by the idle
+        trim."""
+        self._idle.begin()
+        try:
+            with self._metrics.call(name, shard_no):
+                yield
+        finally:
+            self._idle.end(0)
+
+    def search(self, p: Partition | str, key: bytes, req: SearchRequest) -> SearchResult:
+        part = Partition.of(p)
+        with self._call("search", part.shard_no):
+            return self._shard(part).search(key, req)
+
+    def search_packed(self, p: Partition | str, key: bytes, req: bytes) -> bytes:
+        part = Partition.of(p)
+        with self._call("search", part.shard_no):
+            return pack(self._shard(part).search(key, unpack_request(req)))
+
+    def search_framed(self, call: bytes) -> bytes:
+        """:meth:`search_packed` of its arguments in one frame (actors.pool.client.frame)."""
+        p, key, req = unframe(call)
+        return self.search_packed(p, key, req)
+
+    def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats:
+        with self._call("upsert"):
+            return self._shard(p).upsert(key, batch)
+
+    def delete(self, p: Partition | str, key: bytes, ids: list[str]) -> int:
+        with self._call("delete"):
+            return self._shard(p).delete(key, ids)
+
+    def get(
+        self,
+        p: Partition | str,
+        key: bytes,
+        ids: list[str],
+        vectors: bool,
+        metadata: bool,
+        contents: bool,
+    ) -> Fetched:
+        with self._call("get"):
+            return self._shard(p).get(key, ids, vectors, metadata, contents)
+
+    def get_packed(self, call: bytes) -> bytes:
+        """:meth:`get` of its arguments in one frame, pickled (actors.pool.client.PACKED_GET_IDS)."""
+        p, key, ids, vectors, metadata, contents = unframe(call)
+        return pack(self.get(p, key, ids, vectors, metadata, contents))
+
+    def list_ids(self, p: Partition | str, key: bytes) -> list[str]:
+        with self._call("list_ids"):
+            return self._shard(p).list_ids(key)
+
+    def match_ids(
+        self,
+        p: Partition | str,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None,
+        ascending: bool,
+    ) -> list[Any]:
+        with self._call("match_ids"):
+            return self._shard(p).match_ids(key, node, limit, order_by, ascending)
+
+    def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats:
+        with self._call("stats"):
+            return self._shard(p).stats(key, footprint)
+
+    def sample(self, p: Partition | str, key: bytes, n: int, seed: int) -> Iterator[np.ndarray]:
+        """The partition's training sample in :func:`~actors.pool.client.chunks`: a Ray
+        generator, each piece passed inside Ray's calls rather than through its object store."""
+        with self._call("sample"):
+            x = self._shard(p).sample(key, n, seed)
+        yield from chunks(x)
+
+    def rebuild(
+        self,
+        p: Partition | str,
+        key: bytes,
+        version: int,
+        template: np.ndarray,
+        nprobe_table: tuple[tuple[int, int], ...],
+        batch_size: int,
+    ) -> ShardStats:
+        # Ray caps OMP threads at the actor's (fractional) CPUs; a rebuild's adds use its own.
+        with self._call("rebuild"):
+            shard = self._shard(p)
+            faiss.omp_set_num_threads(shard.threads)
+            return shard.rebuild(key, version, template, nprobe_table, batch_size)
+
+    # -- key rotation (actors.control.rotation) ------------------------------------------------------
+    def begin_rotation(self, p: Partition | str, key: bytes, new_key: bytes, epoch: int) -> None:
+        with self._call("begin_rotation"):
+            self._shard(p).begin_rotation(key, new_key, epoch)
+
+    def commit_rotation(self, p: Partition | str, epoch: int) -> None:
+        with self._call("commit_rotation"):
+            self._shard(p).commit_rotation(epoch)
+
+    def abort_rotation(self, p: Partition | str, epoch: int) -> None:
+        with self._call("abort_rotation"):
+            self._shard(p).abort_rotation(epoch)
+
+    def ping(self) -> str:
+        """The node this actor runs on (the control plane spreads partitions by it)."""
+        return node_id()
+
+    def local_channel(self) -> tuple[str, str] | None:
+        """(this actor's node, its socket) for gateways on the same node (actors.pool.channel),
+        started on first asking; None where no private socket can be made."""
+        with self._lock:
+            if self._channel is None and not self._no_channel:
+                directory = channel.socket_directory()
+                try:
+                    if directory is None:
+                        raise OSError("no private directory for the socket")
+                    handlers = {channel.SEARCH: self.search_framed, channel.GET: self.get_packed}
+                    self._channel = channel.ChannelServer(handlers, directory)
+                except OSError as exc:
+                    log.warning("no same-node channel (calls go through Ray): %s", exc)
+                    self._no_channel = True
+            if self._channel is None:
+                return None
+            return node_id(), self._channel.path
+
+    # -- memory -----------------------------------------------------------------------------
+    def pool_stats(self) -> PoolStats:
+        shards = list(self._hosted.values())
+        loaded = [s for s in shards if s.loaded]
+        return PoolStats(
+            name=self.options.name,
+            node_id=node_id(),
+            budget_bytes=self.options.budget_bytes,
+            idle_ttl_s=self.options.idle_ttl_s,
+            rss_bytes=rss_bytes(),
+            partitions=len(shards),
+            loaded=len(loaded),
+            loaded_bytes=sum(s.resident_bytes() for s in loaded),
+            evictions=self._evictions,
+        )
+
+    def metrics(self) -> list[m.Family]:
+        """This actor's series (actors.metrics): calls, errors and search time, memory,
+        partitions, evictions, restarts, and per index (by id) items, WAL records since the
+        last snapshot and partitions loaded."""
+        return self._metrics.registry.snapshot()
+
+    def evict(self, now: float | None = None) -> int:
+        """Unload the partitions idle past the TTL, then, while resident memory is over the
+        budget, the least recently used ones; returns how many were unloaded. Partitions in use
+        (a request, snapshot or training swap in flight) are skipped."""
+        now = time.monotonic() if now is None else now
+        loaded = sorted(
+            (s for s in list(self._hosted.values()) if s.loaded), key=lambda s: s.last_used
+        )
+        ttl, budget = self.options.idle_ttl_s, self.options.budget_bytes
+        unloaded = 0
+        for shard in loaded:
+            if ttl and now - shard.last_used > ttl and shard.unload():
+                unloaded += 1
+        if budget and rss_bytes() > budget:
+            for shard in loaded:
+                if not shard.loaded or not shard.unload():
+                    continue
+                unloaded += 1
+                heap.trim(collect=True)
+                if rss_bytes() <= BUDGET_HEADROOM * budget:
+                    break
+        if unloaded:
+            self._evictions += unloaded
+            heap.trim()
+        return unloaded
+
+    def housekeep(self) -> None:
+        """One pass of the actor's housekeeping thread (every HOUSEKEEPING_PERIOD_S): evict
+        (with a budget or a TTL), and trim the heap when no call ran since the last pass and
+        private memory grew TRIM_GROWTH_BYTES since the last trim."""
+        if self.options.budget_bytes or self.options.idle_ttl_s:
+            self.evict()
+        quiet = self._idle.quiet()  # asked every pass, so that it spans a whole period
+        resident = heap.resident_anon_bytes() or 0
+        # Memory given back otherwise (eviction, a retired index, a shard's own trim) lowers
+        # the mark, so that growth is counted from there.
+        self._trimmed_at = min(self._trimmed_at, resident)
+        if quiet and resident > self._trimmed_at + TRIM_GROWTH_BYTES:
+            heap.trim()
+            self._trimmed_at = heap.resident_anon_bytes() or 0
+
+
+def _housekeep(pool_ref: weakref.ref[ShardPool]) -> None:
+    """The housekeeping thread: ends with its pool (which it does not keep alive)."""
+    while True:
+        time.sleep(HOUSEKEEPING_PERIOD_S)
+        pool = pool_ref()
+        if pool is None:
+            return
+        try:
+            pool.housekeep()
+        except Exception:  # never let the loop die; say what, not which data
+            log.exception("housekeeping pass failed")
+        del pool
+
+
+def rss_bytes() -> int:
+    """This process's resident memory."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def node_id() -> str:
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # outside Ray (unit tests)
+        return "local"
+
+
+EVICTIONS = "partitions unloaded (idle past the TTL or over the memory budget)"
+RESTARTS = "restarts of the pool actors (crashes, lost nodes)"
+ITEMS = "items per index (partitions not loaded count as last loaded here)"
+WAL = "write-ahead log records since the last snapshot, over the loaded partitions"
+LOADED = "partitions of the index unlocked in memory"
+
+
+class PoolMetrics:
+    """A pool actor's series: recorded around its partition calls (under a lock: the actor
+    runs calls on several threads) and computed from its partitions when reported."""
+
+    def __init__(self, pool: ShardPool) -> None:
+        # Not a reference that keeps the pool alive: the pool holds this, and a pool that is
+        # dropped (tests, tear-down) frees its partitions and ends its housekeeping at once.
+        self._pool = weakref.ref(pool)
+        self.registry = m.Registry(threading.Lock())
+        self.calls = self.registry.counter(
+            "vaultvec_pool_calls_total", "partition calls answered by the shard pool", ("call",)
+        )
+        self.errors = self.registry.counter(
+            "vaultvec_pool_errors_total", "partition calls that failed", ("call", "error")
+        )
+        self.search_s = self.registry.histogram(
+            "vaultvec_shard_search_seconds",
+            "one shard's search of a request inside its pool actor, by shard number",
+            ("shard",),
+            m.STAGE_BUCKETS,
+        )
+        self.registry.collector(self.collect)
+        self._items: dict[tuple[str, int], int] = {}  # last known items per partition
+        self._restarts: int | None = None
+        m.export_to_ray(self.registry)
+
+    @contextmanager
+    def call(self, name: str, shard_no: int = -1) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            with self.registry.lock:
+                self.calls.inc((name,))
+                self.errors.inc((name, type(exc).__name__))
+            raise
+        elapsed = time.perf_counter() - start
+        with self.registry.lock:
+            self.calls.inc((name,))
+            if shard_no >= 0:
+                self.search_s.observe((str(shard_no),), elapsed)
+
+    def collect(self) -> list[m.Family]:
+        pool = self._pool()
+        if pool is None:
+            return []
+        hosted = list(pool._hosted.items())
+        items: dict[str, float] = {}
+        wal: dict[str, float] = {}
+        loaded: dict[str, float] = {}
+        loaded_bytes = 0
+        for slot in self._items.keys() - dict(hosted).keys():  # retired partitions
+            self._items.pop(slot, None)
+        for slot, shard in hosted:
+            index = slot[0]
+            if shard.loaded:
+                self._items[slot] = len(shard.items)
+                wal[index] = wal.get(index, 0.0) + shard.wal_records
+                loaded[index] = loaded.get(index, 0.0) + 1
+                loaded_bytes += shard.resident_bytes()
+            items[index] = items.get(index, 0.0) + self._items.get(slot, 0)
+        idx = ("index_id",)
+        budget = pool.options.budget_bytes
+        n_loaded = sum(loaded.values())
+        return [
+            m.single("vaultvec_pool_actors", "shard pool actors reporting", 1),
+            m.single("vaultvec_pool_rss_bytes", "resident memory of the pool actors", rss_bytes()),
+            m.single("vaultvec_pool_loaded_bytes", "memory of the loaded partitions", loaded_bytes),
+            m.single("vaultvec_pool_budget_bytes", "pool actors' memory budgets (0: none)", budget),
+            m.gauge(
+                "vaultvec_pool_partitions",
+                "partitions hosted by the pool actors, by state",
+                ("state",),
+                {("loaded",): n_loaded, ("locked",): len(hosted) - n_loaded},
+            ),
+            m.single("vaultvec_pool_evictions_total", EVICTIONS, pool._evictions, "counter"),
+            m.single("vaultvec_pool_restarts_total", RESTARTS, self.restarts(), "counter"),
+            m.gauge("vaultvec_index_items", ITEMS, idx, m.keyed(items)),
+            m.gauge("vaultvec_index_wal_records", WAL, idx, m.keyed(wal)),
+            m.gauge("vaultvec_index_partitions_loaded", LOADED, idx, m.keyed(loaded)),
+        ]
+
+    def restarts(self) -> int:
+        """How often Ray restarted this actor (read once per incarnation from Ray's actor
+        table; 0 outside Ray)."""
+        if self._restarts is None:
+            self._restarts = 0
+            try:
+                if not ray.get_runtime_context().was_current_actor_reconstructed:
+                    return 0
+                from ray._private import state
+
+                info = state.actors(ray.get_runtime_context().get_actor_id())
+                self._restarts = int(info.get("NumRestarts", 0))
+            except Exception:  # outside Ray, or an actor table without the field
+                pass
+        return self._restarts
+
+
+# (Ray takes concurrency groups only where the class is declared remote, not in .options();
+# its type stubs do not name the argument.)
+PoolActor = ray.remote(concurrency_groups={UPSERT_GROUP: UPSERT_THREADS})(ShardPool)  # type: ignore[call-overload]
+
+
+def _contract(pool: ShardPool) -> ShardCalls:
+    """mypy checks here that ShardPool answers every call of the shard contract."""
+    return pool

@@ -1,0 +1,251 @@
+"""Encrypted on-store layout of an index: catalog entry, config, templates, shard snapshots, WALs.
+
+Keys (index_id is random, so names never appear in paths):
+  indexes/{id}/meta                      plaintext catalog entry: name, key epoch, salt, verifier,
+                                         placement, a key rotation under way
+  {root}/config                          sealed IndexConfig
+  {root}/template/{version}              sealed serialized faiss template (quantizer + codebooks)
+  {root}/shards/{s}/snap/{gen}           sealed shard snapshot covering WAL generations < gen
+  {root}/shards/{s}/wal/{gen}            log of sealed records; each record is
+                                         u64 seq (plaintext) | sealed(frame), aad binds seq
+
+where {root} is the key epoch's prefix (:func:`epoch_prefix`): ``indexes/{id}`` for epoch 0 (the
+layout before key rotation existed) and ``indexes/{id}/epochs/{e}`` after e rotations. Every
+blob under a root is sealed with that epoch's data key; a rotation (actors.control.rotation) writes the
+next root beside the current one and the catalog entry says which is current.
+
+Every sealed blob's associated data binds index name, kind, shard, part and version.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from actors.errors import DecryptError
+from actors.storage import Store, codec, key_join
+from actors.storage.crypto import aad, open_sealed, seal
+from actors.types import IndexConfig, IndexMeta, KeyRotation, UpsertBatch
+
+
+def index_prefix(index_id: str) -> str:
+    return key_join("indexes", index_id)
+
+
+def meta_key(index_id: str) -> str:
+    return key_join("indexes", index_id, "meta")
+
+
+def epoch_prefix(index_id: str, epoch: int = 0) -> str:
+    """Where the blobs sealed under key epoch ``epoch`` live."""
+    if epoch == 0:
+        return index_prefix(index_id)
+    return key_join("indexes", index_id, "epochs", str(epoch))
+
+
+def shard_prefix(index_id: str, shard: int, epoch: int = 0) -> str:
+    return key_join(epoch_prefix(index_id, epoch), "shards", str(shard))
+
+
+def snap_key(index_id: str, shard: int, gen: int, epoch: int = 0) -> str:
+    return key_join(shard_prefix(index_id, shard, epoch), "snap", f"{gen:010d}")
+
+
+def wal_key(index_id: str, shard: int, gen: int, epoch: int = 0) -> str:
+    return key_join(shard_prefix(index_id, shard, epoch), "wal", f"{gen:010d}")
+
+
+def generations(store: Store, index_id: str, shard: int, kind: str, epoch: int = 0) -> list[int]:
+    prefix = key_join(shard_prefix(index_id, shard, epoch), kind) + "/"
+    return sorted(int(k.rsplit("/", 1)[1]) for k in store.list(prefix))
+
+
+def stored_epochs(store: Store, index_id: str) -> dict[int, list[str]]:
+    """The index's blob keys by the key epoch they are sealed under (the catalog entry, which
+    belongs to none, left out)."""
+    prefix = index_prefix(index_id) + "/"
+    epochs: dict[int, list[str]] = {}
+    for key in store.list(prefix):
+        parts = key[len(prefix) :].split("/")
+        if parts != ["meta"]:
+            epochs.setdefault(int(parts[1]) if parts[0] == "epochs" else 0, []).append(key)
+    return epochs
+
+
+def delete_epoch(store: Store, index_id: str, epoch: int) -> None:
+    """Remove every blob sealed under key epoch ``epoch`` (the catalog entry stays)."""
+    root = epoch_prefix(index_id, epoch)
+    if epoch == 0:  # shares its prefix with the catalog entry and the later epochs
+        store.delete(config_key(index_id))
+        store.delete_prefix(key_join(root, "template") + "/")
+        store.delete_prefix(key_join(root, "shards") + "/")
+    else:
+        store.delete_prefix(root + "/")
+
+
+# -- catalog entry & config -----------------------------------------------------------------
+def write_meta(store: Store, meta: IndexMeta) -> None:
+    doc: dict[str, object] = {
+        "name": meta.name,
+        "index_id": meta.index_id,
+        "salt": meta.salt.hex(),
+        "verifier": meta.verifier.hex(),
+        "placement": list(meta.placement),
+        "epoch": meta.epoch,
+    }
+    if meta.rotation is not None:
+        doc["rotation"] = {
+            "salt": meta.rotation.salt.hex(),
+            "verifier": meta.rotation.verifier.hex(),
+        }
+    if meta.retired_epoch >= 0:
+        doc["retired_epoch"] = meta.retired_epoch
+    if meta.owner:
+        doc["owner"] = meta.owner
+    store.put(meta_key(meta.index_id), orjson.dumps(doc))
+
+
+def read_meta(raw: bytes) -> IndexMeta:
+    doc = orjson.loads(raw)
+    rotation = doc.get("rotation")
+    return IndexMeta(
+        doc["name"],
+        doc["index_id"],
+        bytes.fromhex(doc["salt"]),
+        bytes.fromhex(doc["verifier"]),
+        tuple(doc.get("placement", ())),
+        epoch=int(doc.get("epoch", 0)),
+        rotation=None
+        if rotation is None
+        else KeyRotation(bytes.fromhex(rotation["salt"]), bytes.fromhex(rotation["verifier"])),
+        retired_epoch=int(doc.get("retired_epoch", -1)),
+        owner=str(doc.get("owner", "")),
+    )
+
+
+def load_meta(store: Store, index_id: str) -> IndexMeta | None:
+    raw = store.get(meta_key(index_id))
+    return None if raw is None else read_meta(raw)
+
+
+def config_key(index_id: str, epoch: int = 0) -> str:
+    return key_join(epoch_prefix(index_id, epoch), "config")
+
+
+def write_config(store: Store, key: bytes, cfg: IndexConfig) -> None:
+    blob = seal(key, orjson.dumps(cfg.to_json()), aad(cfg.name, "config"))
+    store.put(config_key(cfg.index_id, cfg.key_epoch), blob)
+
+
+def read_config(
+    store: Store, key: bytes, name: str, index_id: str, epoch: int = 0
+) -> IndexConfig | None:
+    blob = store.get(config_key(index_id, epoch))
+    if blob is None:
+        return None
+    return IndexConfig.from_json(orjson.loads(open_sealed(key, blob, aad(name, "config"))))
+
+
+def opens_config(store: Store, key: bytes, name: str, index_id: str, epoch: int) -> bool | None:
+    """Whether ``key`` is the data key of ``epoch`` (it opens that epoch's config); None when
+    there is no config to tell."""
+    blob = store.get(config_key(index_id, epoch))
+    if blob is None:
+        return None
+    try:
+        open_sealed(key, blob, aad(name, "config"))
+    except DecryptError:
+        return False
+    return True
+
+
+def template_key(cfg: IndexConfig, version: int, epoch: int) -> str:
+    return key_join(epoch_prefix(cfg.index_id, epoch), "template", f"{version:010d}")
+
+
+def template_versions(store: Store, cfg: IndexConfig, epoch: int) -> list[int]:
+    prefix = key_join(epoch_prefix(cfg.index_id, epoch), "template") + "/"
+    return sorted(int(k.rsplit("/", 1)[1]) for k in store.list(prefix))
+
+
+def write_template(store: Store, key: bytes, cfg: IndexConfig, template: np.ndarray) -> None:
+    blob = seal(key, template.tobytes(), aad(cfg.name, "template", version=cfg.version))
+    store.put(template_key(cfg, cfg.version, cfg.key_epoch), blob)
+
+
+def read_template(store: Store, key: bytes, cfg: IndexConfig) -> np.ndarray | None:
+    if not cfg.is_trained:
+        return None
+    blob = store.get(template_key(cfg, cfg.version, cfg.key_epoch))
+    if blob is None:
+        return None
+    raw = open_sealed(key, blob, aad(cfg.name, "template", version=cfg.version))
+    return np.frombuffer(raw, dtype=np.uint8)
+
+
+def reseal_templates(
+    store: Store, key: bytes, cfg: IndexConfig, new_key: bytes, new_epoch: int
+) -> None:
+    """Copy every stored template of ``cfg``'s epoch, sealed under ``new_key``, into
+    ``new_epoch``."""
+    for version in template_versions(store, cfg, cfg.key_epoch):
+        blob = store.get(template_key(cfg, version, cfg.key_epoch))
+        if blob is None:  # pruned meanwhile
+            continue
+        associated = aad(cfg.name, "template", version=version)
+        raw = open_sealed(key, blob, associated)
+        store.put(template_key(cfg, version, new_epoch), seal(new_key, raw, associated))
+
+
+def prune_templates(store: Store, cfg: IndexConfig) -> None:
+    for version in template_versions(store, cfg, cfg.key_epoch):
+        if version < cfg.version:
+            store.delete(template_key(cfg, version, cfg.key_epoch))
+
+
+# -- WAL records ----------------------------------------------------------------------------
+def encode_upsert(batch: UpsertBatch) -> bytes:
+    ids_blob, ids_len = codec.pack_strings(batch.ids)
+    meta_blob, meta_len = codec.pack_strings(batch.metadata)
+    cont_blob, cont_len = codec.pack_strings(batch.contents)
+    arrays = {
+        "vectors": batch.vectors,
+        "ids_blob": ids_blob,
+        "ids_len": ids_len,
+        "meta_blob": meta_blob,
+        "meta_len": meta_len,
+        "contents_blob": cont_blob,
+        "contents_len": cont_len,
+    }
+    if batch.norms is not None:
+        arrays["norms"] = batch.norms
+    return codec.pack({"op": "upsert"}, arrays)
+
+
+def encode_delete(ids: list[str]) -> bytes:
+    blob, lengths = codec.pack_strings(ids)
+    return codec.pack({"op": "delete"}, {"ids_blob": blob, "ids_len": lengths})
+
+
+def decode_record(frame: bytes) -> tuple[str, UpsertBatch | list[str]]:
+    meta, a = codec.unpack(frame)
+    ids = codec.unpack_strings(a["ids_blob"], a["ids_len"])
+    if meta["op"] == "delete":
+        return "delete", ids
+    batch = UpsertBatch(
+        ids=tuple(ids),
+        vectors=a["vectors"],
+        norms=a.get("norms"),
+        metadata=tuple(codec.unpack_strings(a["meta_blob"], a["meta_len"], as_bytes=True)),
+        contents=tuple(codec.unpack_strings(a["contents_blob"], a["contents_len"])),
+    )
+    return "upsert", batch
+
+
+def seal_record(key: bytes, name: str, shard: int, gen: int, seq: int, frame: bytes) -> bytes:
+    return seq.to_bytes(8, "little") + seal(key, frame, aad(name, "wal", shard, str(gen), seq))
+
+
+def open_record(key: bytes, name: str, shard: int, gen: int, record: bytes) -> tuple[int, bytes]:
+    seq = int.from_bytes(record[:8], "little")
+    return seq, open_sealed(key, record[8:], aad(name, "wal", shard, str(gen), seq))

@@ -1,0 +1,646 @@
+"""The gateway's engine: unlock an index, plan a request, fan out one call per shard, merge.
+
+No HTTP here: routes hand validated models in and get plain data back. Per index the engine
+caches a view (config, shard handles, coarse quantizer); it consults the control plane only when
+the view is missing or a shard reports a newer training version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
+
+import faiss
+import numpy as np
+import orjson
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from actors.control.plane import IndexView
+from actors.engine.filters import FilterNode
+from actors.engine.strings import StringBlock, concat_columns, replace_rows, take_along_columns
+from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
+from actors.pool.client import ShardClient, packed_for
+from actors.storage.crypto import IndexKeys, derive_keys, parse_index_key, verify
+from actors.types import (
+    Fetched,
+    IndexConfig,
+    IndexMeta,
+    PoolStats,
+    SearchRequest,
+    SearchResult,
+    ShardStats,
+    UpsertBatch,
+    shard_assignment,
+)
+from serve_app import telemetry as stages
+from serve_app.access import context
+from serve_app.coalesce import Coalescer
+from serve_app.gateway.probing import RecallMonitor, overlap
+
+log = logging.getLogger("vaultvec.engine")
+T = TypeVar("T")
+ShardCall = tuple[int, Callable[[ShardClient], Awaitable[Any]]]  # (shard number, the call)
+
+SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
+REFRESH_S = 0.5
+
+
+@dataclass
+class CachedView:
+    view: IndexView
+    key: bytes
+    quantizer: faiss.IndexFlatL2 | None
+    counts: dict[int, int] = field(default_factory=dict)
+    loaded_at: float = field(default_factory=time.monotonic)
+    shards: list[ShardClient] = field(init=False)  # one per partition, shard number order
+
+    def __post_init__(self) -> None:
+        self.shards = self.view.clients()
+
+    @property
+    def config(self) -> IndexConfig:
+        return self.view.config
+
+
+@dataclass(frozen=True)
+class Hits:
+    """Merged top-k for a batch of queries: index-space squared distances, ids, metadata."""
+
+    distances: np.ndarray
+    ids: StringBlock
+    metadata: np.ndarray | None
+    counts: np.ndarray  # results per query
+    # Inverted lists scanned, summed over the queries (each query's count averaged over the
+    # shards, which may choose differently under automatic probing).
+    lists_scanned: float = 0.0
+    needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
+    bucket: int = 0
+
+    def rows(self) -> list[Hits]:
+        """One Hits per query (lists scanned shared out evenly)."""
+        n = len(self.counts)
+        return [
+            Hits(
+                self.distances[q : q + 1],
+                self.ids.take_rows(np.array([q])),
+                None if self.metadata is None else self.metadata[q : q + 1],
+                self.counts[q : q + 1],
+                self.lists_scanned / max(n, 1),
+                None if self.needed is None else self.needed[q : q + 1],
+                self.bucket,
+            )
+            for q in range(n)
+        ]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query's options as the engine takes them: validated, defaults applied
+    (serve_app.service.params.QueryParams builds it once per request, whatever the transport)."""
+
+    top_k: int
+    n_probes: int = 0  # 0 = automatic
+    filter: FilterNode | None = None
+    greedy: bool = False
+    with_metadata: bool = True
+
+
+class Probing(NamedTuple):
+    """Automatic probing's parameters for a request (SearchRequest.probe_*)."""
+
+    first: int
+    slacks: tuple[float, float]
+    scales: tuple[float, ...]
+    measure: bool = False
+
+
+NO_PROBING = Probing(0, (0.0, 0.0), (1.0, 1.0, 1.0))
+
+
+class StaleIndex(Unavailable):
+    """The index was deleted and re-created under the same name while a request ran on the old
+    one. The view is dropped; the request is run again once (:func:`retry_stale`)."""
+
+    default_detail = "the index was re-created while the request ran; retry"
+
+
+async def retry_stale(run: Callable[[], Awaitable[T]]) -> T:
+    """Run a request; if it met a re-created index, run it once more against the new one."""
+    try:
+        return await run()
+    except StaleIndex:
+        return await run()
+
+
+_TIMEOUT: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``await awaitable``, or asyncio.TimeoutError after ``seconds``. On Python 3.11+ without
+    the task that ``asyncio.wait_for`` wraps a coroutine in (a task costs a single query a turn
+    of the event loop more)."""
+    if _TIMEOUT is None:
+        return await asyncio.wait_for(awaitable, seconds)
+    async with _TIMEOUT(seconds):
+        return await awaitable
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    if isinstance(exc, RayTaskError) and exc.cause is not None:
+        return exc.cause
+    return exc
+
+
+class Engine:
+    def __init__(
+        self,
+        control: Any,
+        *,
+        retries: int = 3,
+        retry_backoff_s: float = 0.2,
+        timeout_s: float = 300.0,
+        recall_sample_share: float = 0.01,
+    ) -> None:
+        self.control = control
+        self.monitor = RecallMonitor(recall_sample_share)
+        self._measuring: set[asyncio.Task[None]] = set()
+        self.retries = retries
+        self.timeout_s = timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self._metas: dict[str, IndexMeta] = {}
+        self._views: dict[str, CachedView] = {}
+        self._singles: dict[Any, Coalescer[Single, Hits]] = {}
+
+    # -- unlocking --------------------------------------------------------------------------
+    async def keys(self, name: str, key_hex: str) -> tuple[IndexMeta, IndexKeys]:
+        """Verify ``key_hex`` against the index's stored verifier (constant time), from the
+        cached entry, then from a fresh one (the key may have been rotated since)."""
+        context.note(index=name)
+        key = parse_index_key(key_hex)
+        for fresh in (False, True):
+            cached = None if fresh else self._metas.get(name)
+            meta: IndexMeta = (
+                cached if cached is not None else await self.call(self.control.lookup.remote(name))
+            )
+            self._metas[name] = meta
+            keys = derive_keys(key, name, meta.salt)
+            if verify(keys, meta.verifier):
+                return meta, keys
+        if meta.rotation is not None and verify(
+            derive_keys(key, name, meta.rotation.salt), meta.rotation.verifier
+        ):  # the key the index is being rotated to: it opens the index once the rotation ends
+            raise Unavailable("the index's key is being rotated to this key; retry shortly")
+        raise Unauthorized("invalid index_key for this index")
+
+    async def view(self, name: str, key_hex: str) -> CachedView:
+        meta, keys = await self.keys(name, key_hex)
+        cached = self._views.get(name)
+        if (
+            cached is not None
+            and cached.view.meta.index_id == meta.index_id
+            and cached.key == keys.data_key
+        ):
+            return cached
+        return await self._load_view(name, keys.data_key)
+
+    async def _load_view(self, name: str, data_key: bytes) -> CachedView:
+        view: IndexView = await self.call(self.control.view.remote(name, data_key))
+        quantizer = None
+        if view.centroids is not None:
+            quantizer = faiss.IndexFlatL2(view.centroids.shape[1])
+            quantizer.add(view.centroids)
+        cached = CachedView(view, data_key, quantizer)
+        self._views[name] = cached
+        return cached
+
+    async def reload(self, cv: CachedView) -> CachedView:
+        """The index's view fetched anew from the control plane."""
+        return await self._load_view(cv.view.meta.name, cv.key)
+
+    def forget(self, name: str) -> None:
+        self._views.pop(name, None)
+        self._metas.pop(name, None)
+
+    async def refresh_if_stale(
+        self, cv: CachedView, versions: Sequence[int], *, now: bool = False
+    ) -> CachedView:
+        """The view, reloaded when a shard reports another training version than it holds.
+
+        While a training swap is under way shards and config disagree for a while; reloading
+        at most every REFRESH_S (unless ``now``) keeps that window from costing a control call
+        per request (shards answer correctly meanwhile, assigning lists themselves).
+        """
+        stale = any(v != cv.config.version for v in versions)
+        if stale and (now or time.monotonic() - cv.loaded_at >= REFRESH_S):
+            return await self.reload(cv)
+        return cv
+
+    # -- fan-out ----------------------------------------------------------------------------
+    async def call(self, ref: Awaitable[T]) -> T:
+        try:
+            return await ref
+        except Exception as exc:
+            raise unwrap(exc) from None
+
+    async def fan_out(
+        self, cv: CachedView, calls: Sequence[ShardCall], *, idempotent: bool = True
+    ) -> list[Any]:
+        """One call per shard (a ShardClient method, which may make several Ray calls: an
+        upsert's pieces), concurrently; shard outages are retried within a bounded budget.
+
+        A shard that is restarting (crash, node loss) is retried with backoff. A shard that is
+        gone for good or retired means the view may be out of date: the index is looked up
+        again (deleted -> 404, re-created -> :class:`StaleIndex`, same -> fresh handles). Every
+        shard answers or the request fails with 503: results are never silently partial.
+        """
+
+        async def one(s: int, make: Callable[[ShardClient], Awaitable[Any]]) -> Any:
+            attempts = self.retries + 1 if idempotent else 1
+            client = cv.shards[s]
+            for attempt in range(attempts):
+                try:
+                    return await within(make(client), self.timeout_s)
+                except asyncio.TimeoutError:
+                    raise Unavailable(
+                        f"shard {s} of index {cv.view.meta.name!r} did not answer within "
+                        f"{self.timeout_s:.0f}s"
+                    ) from None
+                except Exception as exc:
+                    cause = unwrap(exc)
+                    if isinstance(cause, IndexRetired) or isinstance(exc, ActorDiedError):
+                        client = (await self.revalidate(cv)).shards[s]
+                    elif isinstance(cause, VaultvecError):
+                        raise cause from None
+                    elif not isinstance(exc, SHARD_ERRORS):
+                        raise
+                    if attempt == attempts - 1:
+                        raise Unavailable(
+                            f"shard {s} of index {cv.view.meta.name!r} is unavailable "
+                            f"(tried {attempts} times); retry later"
+                        ) from None
+                    log.warning("shard %d of %s failed (%s); retrying", s, cv.view.meta.name, exc)
+                    await asyncio.sleep(self.retry_backoff_s * (2**attempt))
+            raise Unavailable()
+
+        if len(calls) == 1:  # one shard: no task for gather to wrap it in
+            return [await one(*calls[0])]
+        return await asyncio.gather(*(one(s, make) for s, make in calls))
+
+    async def revalidate(self, cv: CachedView) -> CachedView:
+        """Look the index up again after a shard refused or vanished.
+
+        Raises IndexNotFound if it was deleted, StaleIndex if it was re-created (another
+        incarnation: new id, salt and shards); otherwise returns a freshly loaded view (the
+        control plane restarts shard actors that died for good).
+        """
+        name = cv.view.meta.name
+        try:
+            meta: IndexMeta = await self.call(self.control.lookup.remote(name))
+        except IndexNotFound:
+            self.forget(name)
+            raise
+        if meta.index_id != cv.view.meta.index_id:
+            self.forget(name)
+            raise StaleIndex(f"index {name!r} was re-created while the request ran; retry")
+        return await self.reload(cv)
+
+    # -- queries ----------------------------------------------------------------------------
+    def plan(self, cv: CachedView, x: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        """Coarse assignment computed once per request: (list numbers, centroid distances)."""
+        if cv.quantizer is None:
+            zeros = np.zeros((len(x), 1), dtype=np.int64)
+            return zeros, np.zeros((len(x), 1), dtype=np.float32)
+        coarse, lists = cv.quantizer.search(x, nprobe)
+        return lists, coarse
+
+    async def search(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
+        """Top-k of a batch of queries ``x`` (nq, d), in index space.
+
+        An explicit ``q.n_probes`` scans exactly that many lists per query, ``q.greedy`` probes
+        until its bound stops it; otherwise automatic probing (PartitionIndex.search_adaptive)
+        chooses per query, with the calibrated slack times this replica's probing scale, and a
+        share of the queries is measured against the exact answer (:meth:`_measure`)."""
+        cfg = cv.config
+        auto = None
+        if not (q.n_probes or q.greedy) and cv.quantizer is not None:
+            auto = cfg.auto_probing(q.top_k)
+        if auto is None:
+            return await self._search(cv, x, q, q.n_probes or cfg.auto_nprobe(q.top_k))
+        state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+        first, slacks = auto
+        probing = Probing(first, slacks, state.scales)
+        hits = await self._search(cv, x, q, plan_width(first), probing)
+        state.queries += len(x)
+        state.lists_scanned += hits.lists_scanned
+        rows = self.monitor.pick(len(x), q.top_k)
+        if len(rows):
+            served = hits.ids.take_rows(rows).tolist()
+            task = asyncio.create_task(self._measure(cv, x[rows], q, probing, served))
+            self._measuring.add(task)
+            task.add_done_callback(self._measuring.discard)
+        return hits
+
+    async def search_one(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
+        """:meth:`search` of one query (``x`` of one row), together with the other single
+        queries of the same index and options that arrive while one of theirs is searched: a
+        batch of them costs one fan-out, one call per shard, where each call costs far more CPU
+        in Ray than its search (docs/performance.md). An idle index's query goes at once, and
+        two batches of a kind may be under way, so a lone pair of queries is not serialised.
+
+        Options are told apart by their repr, which keeps the types that ``==`` does not: a
+        filter on ``true`` and one on ``1`` match different items (actors.engine.filters)."""
+        kind = (cv.config.index_id, cv.config.version, cv.key, repr(q))
+        batcher = self._singles.get(kind)
+        if batcher is None:
+            batcher = Coalescer(partial(self._search_rows, q), SINGLES_PER_BATCH, concurrency=2)
+            batcher.on_idle = partial(self._singles_idle, kind, batcher)
+            self._singles[kind] = batcher
+        return await batcher.submit(Single(cv, x, stages.current()))
+
+    def _singles_idle(self, kind: tuple[Any, ...], batcher: Coalescer[Single, Hits]) -> None:
+        if self._singles.get(kind) is batcher:
+            del self._singles[kind]
+
+    async def _search_rows(self, q: Query, items: list[Single]) -> list[Hits]:
+        cv = items[-1].cv  # the view most recently looked up (a stale one was reloaded)
+        if len(items) == 1 and items[0].timer is stages.current():
+            return [await self.search(cv, items[0].x, q)]  # alone, in its own request's task
+        with stages.measuring() as batch:  # each request gets the stages of its batch
+            hits = await self.search(cv, np.concatenate([s.x for s in items]), q)
+        stages.share(batch, (s.timer for s in items))
+        return hits.rows()
+
+    async def _measure(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        q: Query,
+        probing: Probing,
+        served: list[list[str | None]],
+    ) -> None:
+        """Answer sampled queries exactly, with the scale each exact result needs, and record
+        them (serve_app.gateway.probing); in the background, one at a time (RecallMonitor.pick samples
+        nothing meanwhile)."""
+        stages.detach()  # not a stage of the request whose context this task copied
+        self.monitor.busy = True
+        try:
+            cfg = cv.config
+            # The shards search every list themselves: the plan sent is one list wide.
+            exact = await self._search(
+                cv, x, replace(q, with_metadata=False), 1, probing._replace(measure=True)
+            )
+            assert exact.needed is not None
+            state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+            state.record(exact.bucket, overlap(served, exact.ids.tolist()), exact.needed)
+        except Exception as exc:  # the query went on without it; say why, never what it was
+            log.warning(
+                "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
+            )
+        finally:
+            self.monitor.busy = False
+
+    async def _search(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        q: Query,
+        nprobe: int,
+        probing: Probing | None = None,
+    ) -> Hits:
+        """One fan-out of ``x`` planned ``nprobe`` lists wide (automatic probing: ``probing``
+        says how far each shard goes), widened for the queries whose probed lists ran dry."""
+        cfg, k = cv.config, q.top_k
+        n_lists = cfg.n_lists if cv.quantizer is not None else 1
+        nprobe = max(1, min(nprobe, n_lists))
+        t = stages.now()
+        lists, coarse = self.plan(cv, x, nprobe)
+        t = stages.lap("plan", t)
+        p = probing or NO_PROBING
+        req = SearchRequest(
+            x,
+            k,
+            cfg.version,
+            lists,
+            coarse,
+            q.filter,
+            q.greedy and probing is None,
+            q.with_metadata,
+            q.n_probes if probing is None else 0,
+            p.first,
+            p.slacks,
+            p.scales,
+            p.measure,
+        )
+        packed = packed_for(req, len(cv.shards))
+        parts: list[SearchResult] = await self.fan_out(
+            cv, [(s, lambda c: c.search(cv.key, packed)) for s in range(len(cv.shards))]
+        )
+        t = stages.lap("search", t)
+        hits = merge(parts, k, q.with_metadata)
+        stages.lap("merge", t)
+        # A shard on another training version assigned lists itself (results stay right);
+        # refresh the view so the next plans use the new quantizer.
+        cv = await self.refresh_if_stale(cv, [p.version for p in parts])
+        # Fewer than top_k results while more items match: the probed lists ran dry, so probe
+        # more lists for those queries (rare: tiny lists or a very selective filter; automatic
+        # probing widens by itself and does not get here).
+        need = min(k, sum(p.matched for p in parts))
+        short = np.flatnonzero(hits.counts < need)
+        n_lists = cv.config.n_lists if cv.quantizer is not None else 1
+        if len(short) == 0 or req.greedy or nprobe >= n_lists or (probing and probing.measure):
+            return hits
+        sub = await self._search(cv, x[short], q, min(n_lists, nprobe * 4), probing)
+        return patch(hits, short, sub)
+
+    async def upsert_batches(
+        self, cv: CachedView, ids: list[str], make_batch: Callable[[np.ndarray], UpsertBatch]
+    ) -> int:
+        assign = await assign_shards(ids, cv.config.n_shards)
+        calls: list[ShardCall] = []
+        for s in range(len(cv.shards)):
+            rows = np.flatnonzero(assign == s)
+            if len(rows):
+                calls.append((s, partial(_upsert, cv.key, make_batch(rows))))
+        stats = await self.fan_out(cv, calls)
+        touched = [s for s, _ in calls]
+        for s, st in zip(touched, stats):
+            cv.counts[s] = st.count
+        await self.refresh_if_stale(cv, [st.version for st in stats])
+        return sum(cv.counts.values()) if len(cv.counts) == cv.config.n_shards else -1
+
+    async def by_shard(
+        self,
+        cv: CachedView,
+        ids: list[str],
+        call: Callable[[ShardClient, list[str]], Awaitable[T]],
+    ) -> list[T]:
+        """``call(shard, its ids)`` on every shard holding some of ``ids``."""
+        assign = await assign_shards(ids, cv.config.n_shards)
+        calls: list[ShardCall] = []
+        for s in range(len(cv.shards)):
+            sub = [ids[i] for i in np.flatnonzero(assign == s)]
+            if sub:
+                calls.append((s, partial(_with_ids, call, sub)))
+        return await self.fan_out(cv, calls)
+
+    async def all_shards(
+        self, cv: CachedView, call: Callable[[ShardClient], Awaitable[T]]
+    ) -> list[T]:
+        return await self.fan_out(cv, [(s, call) for s in range(len(cv.shards))])
+
+    async def count(self, cv: CachedView, footprint: bool = False) -> tuple[int, CachedView]:
+        """Items in the index, and the view refreshed if a shard reported a newer version."""
+        stats = await self.shard_stats(cv, footprint)
+        fresh = await self.refresh_if_stale(cv, [st.version for st in stats], now=True)
+        return sum(cv.counts.values()), fresh
+
+    async def shard_stats(self, cv: CachedView, footprint: bool = False) -> list[ShardStats]:
+        """Each shard's stats (with ``footprint``, its resident size too)."""
+        stats = await self.all_shards(cv, lambda c: c.stats(cv.key, footprint))
+        cv.counts = {s: st.count for s, st in enumerate(stats)}
+        return stats
+
+    async def memory(self, cv: CachedView) -> tuple[list[ShardStats], list[PoolStats]]:
+        """Each partition's stats with its resident size, and its pool actor's memory."""
+        stats = await self.shard_stats(cv, footprint=True)
+        pools = await self.all_shards(cv, lambda c: c.pool_stats())
+        return stats, pools
+
+    async def delete(self, cv: CachedView, ids: list[str]) -> int:
+        """Delete ``ids`` (distinct); returns how many existed."""
+        if not ids:
+            return 0
+        return sum(await self.by_shard(cv, ids, lambda c, sub: c.delete(cv.key, sub)))
+
+    async def list_ids(self, cv: CachedView) -> list[str]:
+        return [i for part in await self.all_shards(cv, lambda c: c.list_ids(cv.key)) for i in part]
+
+    async def match_ids(
+        self,
+        cv: CachedView,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None = None,
+        ascending: bool = True,
+    ) -> list[str]:
+        """The ids of up to ``limit`` (None: all) items ``node`` matches, in ``order_by``'s order if given
+        (each shard's matches in order, merged)."""
+        parts = await self.all_shards(
+            cv, lambda c: c.match_ids(cv.key, node, limit, order_by, ascending)
+        )
+        if order_by is None:
+            return [i for part in parts for i in part][:limit]
+        pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
+        return [item_id for _, item_id in itertools.islice(pairs, limit)]
+
+    async def fetch(
+        self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool
+    ) -> dict[str, dict[str, Any]]:
+        """The stored fields of ``ids`` that exist: id -> {id, vector?, contents?, metadata?}."""
+        parts = await self.by_shard(
+            cv, ids, lambda c, sub: c.get(cv.key, sub, vectors, metadata, contents)
+        )
+        if len(ids) <= INLINE_HASHES:
+            return entries(parts)
+        return await asyncio.to_thread(entries, parts)
+
+
+class Single(NamedTuple):
+    """A single query waiting for its batch (Engine.search_one)."""
+
+    cv: CachedView
+    x: np.ndarray  # (1, d)
+    timer: stages.Timer | None  # its request's stage timer
+
+
+# Single queries searched in one batch at most (a shard scans a batch of 32 or more on all its
+# threads: actors.engine.shard.BATCH_THREADS_MIN).
+SINGLES_PER_BATCH = 64
+
+
+def plan_width(first: int) -> int:
+    """Lists the gateway assigns a query under automatic probing: room for the rule to widen
+    well past ``first`` (a shard assigns more itself for a query that needs them)."""
+    return 4 * first + 8
+
+
+def entries(parts: Sequence[Fetched]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for j, item_id in enumerate(part.ids):
+            entry: dict[str, Any] = {"id": item_id}
+            if part.vectors is not None:
+                entry["vector"] = part.vectors[j]
+            if part.contents is not None:
+                entry["contents"] = part.contents[j]
+            if part.metadata is not None:
+                m = part.metadata[j]
+                entry["metadata"] = orjson.Fragment(m) if m is not None else None
+            found[item_id] = entry
+    return found
+
+
+# Ids hashed on the event loop at most: a hash costs ~0.5 us, so 100,000 ids would hold every
+# other request for 50 ms; more go to a worker thread (the loop keeps its turns of the GIL).
+INLINE_HASHES = 4096
+
+
+async def assign_shards(ids: list[str], n_shards: int) -> np.ndarray:
+    """Each id's shard (actors.types.shard_assignment), off the event loop when many."""
+    if len(ids) <= INLINE_HASHES:
+        return shard_assignment(ids, n_shards)
+    return await asyncio.to_thread(shard_assignment, ids, n_shards)
+
+
+def _with_ids(
+    call: Callable[[ShardClient, list[str]], Awaitable[T]], ids: list[str], shard: ShardClient
+) -> Awaitable[T]:
+    return call(shard, ids)
+
+
+def _upsert(key: bytes, batch: UpsertBatch, shard: ShardClient) -> Awaitable[ShardStats]:
+    return shard.upsert(key, batch)
+
+
+def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
+    """Per-shard top-k blocks -> global top-k (ascending distance)."""
+    needed = None
+    if len(parts) == 1:
+        p = parts[0]
+        d, ids, meta, needed = p.distances, p.ids, p.metadata, p.needed
+    else:
+        d = np.concatenate([p.distances for p in parts], axis=1)
+        col = np.argsort(d, axis=1, kind="stable")[:, :k]
+        d = np.take_along_axis(d, col, axis=1)
+        ids = take_along_columns(concat_columns([p.ids for p in parts]), col)
+        meta = None
+        if with_metadata:
+            blocks = [p.metadata for p in parts if p.metadata is not None]
+            meta = np.take_along_axis(np.concatenate(blocks, axis=1), col, axis=1)
+        if all(p.needed is not None for p in parts):
+            cat = np.concatenate([p.needed for p in parts if p.needed is not None], axis=1)
+            needed = np.take_along_axis(cat, col, axis=1)
+    counts = np.isfinite(d).sum(axis=1)
+    scanned = sum(p.lists_scanned for p in parts) / len(parts)
+    bucket = max(p.bucket for p in parts)
+    return Hits(d, ids, meta, counts, scanned, needed, bucket)
+
+
+def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
+    d = hits.distances.copy()
+    d[rows] = sub.distances
+    ids = replace_rows(hits.ids, rows, sub.ids)
+    meta = None
+    if hits.metadata is not None and sub.metadata is not None:
+        meta = hits.metadata.copy()
+        meta[rows] = sub.metadata
+    counts = hits.counts.copy()
+    counts[rows] = sub.counts
+    return Hits(d, ids, meta, counts, hits.lists_scanned + sub.lists_scanned)

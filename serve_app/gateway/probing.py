@@ -1,0 +1,158 @@
+"""The gateway's live recall estimate per index, and the probing scales it fits.
+
+A share of the queries answered with automatic probing (``VAULTVEC_RECALL_SAMPLE_SHARE``,
+default 1%) is answered once more in the background, exactly (every list, same filter). The
+shards then also tell, for each exact result, the smallest probing scale with which automatic
+probing scans its list (PartitionIndex.slack_needed): the first pass of the rule does not depend
+on the slack, so one exact search gives the whole curve of that query's recall against the
+scale. Two things follow per index:
+
+* the estimate: the recall@k of the answers actually served, measured on the sampled queries
+  (the share of the exact top-k the served top-k held), over the last ``WINDOW`` of them;
+* the scales: per kind of query (unfiltered or a filter matching at least 95% of the items, a
+  filter matching at least 30%, a more selective one), the smallest multiple of the calibrated
+  slack whose recall over the last ``WINDOW`` sampled queries of that kind reaches the target
+  plus two standard errors (computed exactly from the needs). Probing thus widens when real
+  queries need more than calibration on stored items predicted, and narrows when they need less;
+  a kind keeps scale 1 until it has ``MIN_SAMPLES`` measured queries.
+
+Bounded and off the request path: one exact search in flight per gateway replica, at most
+``MAX_ROWS`` queries in it, top_k up to ``MAX_K``; queries sampled while one runs are not
+measured. The sampled vectors, filters and results live only in that task's memory; nothing
+about them is stored or logged. Each gateway replica keeps its own estimate and scales; a
+training swap (new version) starts them afresh.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from actors.control.training import smallest_scale
+from actors.types import BUCKETS
+
+MAX_ROWS = 16
+MAX_K = 100
+MIN_SAMPLES = 20
+WINDOW = 400
+MAX_INDEXES = 1024  # states kept per gateway replica (each at most ~100 KB)
+
+
+@dataclass
+class Bucket:
+    scale: float = 1.0
+    needed: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def fit(self, target: float) -> None:
+        if len(self.needed) < MIN_SAMPLES:
+            return
+        width = max(len(r) for r in self.needed)
+        rows = np.full((len(self.needed), width), np.nan)
+        for i, r in enumerate(self.needed):
+            rows[i, : len(r)] = r
+        # First at the target, then once more at the target plus two standard errors of the
+        # recall there: the scale is then unlikely to fall short on queries not yet seen.
+        scale = smallest_scale(rows, target)
+        valid = ~np.isnan(rows)
+        per_query = (np.where(valid, rows, np.inf) < scale).sum(axis=1) / np.maximum(
+            valid.sum(axis=1), 1
+        )
+        se = float(np.std(per_query)) / math.sqrt(len(per_query))
+        self.scale = smallest_scale(rows, min(1.0, target + 2 * se))
+
+
+@dataclass
+class IndexProbing:
+    """One index's counters and scales at one gateway replica (for its training version)."""
+
+    version: int
+    target: float
+    buckets: tuple[Bucket, ...] = field(default_factory=lambda: tuple(Bucket() for _ in BUCKETS))
+    served: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    sampled: int = 0  # queries measured
+    queries: int = 0  # queries answered with automatic probing
+    lists_scanned: float = 0.0  # their lists scanned (per query, averaged over shards), summed
+
+    @property
+    def scales(self) -> tuple[float, ...]:
+        return tuple(b.scale for b in self.buckets)
+
+    def record(self, bucket: int, served: np.ndarray, needed: np.ndarray) -> None:
+        """Measured queries: recall of what was served (per query), and per exact result the
+        scale that finds it (rows of ``needed``, nan = no result)."""
+        self.served.extend(float(r) for r in served)
+        self.sampled += len(served)
+        b = self.buckets[bucket]
+        for row in needed:
+            row = row[~np.isnan(row)]
+            if len(row):
+                b.needed.append(row)
+        b.fit(self.target)
+
+    def report(self) -> dict[str, Any]:
+        """describe's ``recall``: the live estimate and what drives automatic probing."""
+        return {
+            "estimate": round(float(np.mean(self.served)), 4) if self.served else None,
+            "target": self.target,
+            "sampled_queries": self.sampled,
+            "probe_scale": {name: round(b.scale, 4) for name, b in zip(BUCKETS, self.buckets)},
+            "auto_queries": self.queries,
+            "lists_scanned_per_query": (
+                round(self.lists_scanned / self.queries, 2) if self.queries else None
+            ),
+        }
+
+
+class RecallMonitor:
+    def __init__(self, share: float = 0.01, seed: int | None = None) -> None:
+        self.share = share
+        self.busy = False
+        self._rng = random.Random(seed)
+        self._indexes: OrderedDict[str, IndexProbing] = OrderedDict()
+
+    def of(self, index_id: str, version: int, target: float) -> IndexProbing:
+        """The index's state (fresh for a new training version); the least recently queried
+        of more than MAX_INDEXES are dropped (their scales start again at 1)."""
+        state = self._indexes.get(index_id)
+        if state is None or state.version != version:
+            state = self._indexes[index_id] = IndexProbing(version, target)
+            while len(self._indexes) > MAX_INDEXES:
+                self._indexes.popitem(last=False)
+        self._indexes.move_to_end(index_id)
+        return state
+
+    def states(self) -> list[tuple[str, IndexProbing]]:
+        """Every index's state at this replica (a copy of the table: safe to iterate)."""
+        return list(self._indexes.items())
+
+    def peek(self, index_id: str, version: int) -> IndexProbing | None:
+        state = self._indexes.get(index_id)
+        return state if state is not None and state.version == version else None
+
+    def pick(self, nq: int, k: int) -> np.ndarray:
+        """Rows of a batch of ``nq`` queries to measure (none while a measurement runs)."""
+        if self.busy or self.share <= 0 or nq == 0 or k > MAX_K:
+            return np.zeros(0, dtype=np.int64)
+        count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
+        if nq > 64:
+            count = int(np.random.default_rng(self._rng.getrandbits(32)).binomial(nq, self.share))
+        if count == 0:  # most single queries
+            return np.zeros(0, dtype=np.int64)
+        rows = self._rng.sample(range(nq), min(count, MAX_ROWS))
+        return np.sort(np.asarray(rows, dtype=np.int64))
+
+
+def overlap(found: list[list[str | None]], exact: list[list[str | None]]) -> np.ndarray:
+    """Per query: the share of the exact top-k (its non-empty entries) that ``found`` holds;
+    1.0 where the exact answer is empty."""
+    out = np.ones(len(exact), dtype=np.float64)
+    for i, (f, e) in enumerate(zip(found, exact)):
+        truth = {x for x in e if x is not None}
+        if truth:
+            out[i] = len(truth.intersection(f)) / len(truth)
+    return out

@@ -1,0 +1,450 @@
+"""Request and response models of the /v1 API (a drop-in for CyborgDB's service, SDKs 0.11-0.18).
+
+A field sent as JSON null means "use the default": every optional field is ``X | None = None``
+and defaults are resolved by the engine. Unknown fields are ignored, as existing clients send
+fields of later versions. Validation is strict: vectors hold JSON numbers only, counts are
+integers and flags booleans (no coercion from strings or booleans); numpy then checks a vector's
+shape, finiteness and norm (serve_app.service.checks).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+
+IndexType = Literal["ivfflat", "ivf", "ivfpq"]
+# What create accepts: vaultvec's names plus CyborgDB's newer ones (serve_app.routes.indexes).
+IndexTypeIn = Literal["ivfflat", "ivf", "ivfpq", "ivfsq", "diskivf"]
+StoragePrecision = Literal["float32", "float16", "tq12", "tq8", "tq6", "tq4"]
+Metric = Literal["euclidean", "squared_euclidean", "cosine"]
+QueryInclude = Literal["distance", "metadata", "vector", "contents"]
+GetInclude = Literal["vector", "contents", "metadata"]
+
+IndexName = Annotated[str, Field(min_length=1, max_length=255, description="Index name")]
+IndexKey = Annotated[
+    str,
+    Field(
+        pattern="^[0-9a-fA-F]{64}$",
+        description="The index's 32-byte key as 64 hex characters; never stored",
+    ),
+]
+Vector = list[float]
+Matrix = list[list[float]]
+
+
+def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
+    """One vector or a list of them, read by numpy when it can be, else validated by
+    ``strict`` (the field's own validation: JSON numbers only, no booleans or strings).
+
+    A batch of 1,000 queries of 128 dimensions holds 128,000 numbers: numpy reads the lists in
+    one pass, in about the time pydantic's check of them took alone, so the batch is not read
+    twice. numpy takes a JSON ``true`` for 1 and ``false`` for 0, so the entries it read as
+    exactly 0 or 1 are looked at one by one; anything else that numpy does not read as plain
+    numbers in one or two dimensions (strings, nulls, ragged or nested lists, integers beyond
+    64 bits), or where more than one entry in eight is 0 or 1, goes through ``strict``, whose
+    errors name the entry as for every other field. Integers come back as float64, as JSON
+    numbers read by pydantic do."""
+    if isinstance(value, list) and value:
+        try:
+            arr = np.array(value)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is not None and arr.dtype.kind in "fi" and arr.ndim in (1, 2):
+            rows, cols = np.nonzero(np.atleast_2d((arr == 0) | (arr == 1)))
+            if len(rows) <= arr.size // 8:
+                listed = value if arr.ndim == 2 else [value]
+                pairs = zip(rows.tolist(), cols.tolist(), strict=True)
+                if not any(type(listed[r][c]) is bool for r, c in pairs):
+                    return arr.astype(np.float64, copy=False)
+    return strict(value)
+
+
+# One vector or a list of them; tried left to right, a matrix fails the first form at its first
+# element, so it is validated once.
+Vectors = Annotated[Vector | Matrix, Field(union_mode="left_to_right"), WrapValidator(read_vectors)]
+
+
+class Model(BaseModel):
+    # Strict: a number is a JSON number (no "1.5", no true), a flag a JSON boolean, a count an
+    # integer; unknown fields are ignored (newer clients send more).
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class IndexRequest(Model):
+    index_name: IndexName
+    index_key: IndexKey
+
+
+class IndexConfigIn(Model):
+    type: IndexTypeIn | None = Field(
+        None, description="ivfflat (default), ivf (scalar-quantised) or ivfpq; ivfsq = ivf"
+    )
+    index_type: IndexTypeIn | None = Field(None, description="the same as type")
+    dimension: int | None = Field(None, ge=1, le=65536)
+    pq_dim: int | None = Field(None, ge=0, description="ivfpq: sub-quantizers; divides dimension")
+    pq_bits: int | None = Field(None, ge=0, le=16, description="ivfpq: bits per sub-quantizer")
+    sq_bits: int | None = Field(None, description="ivf/ivfsq: 8 (default) or 16 (half precision)")
+    n_lists: int | None = Field(
+        None, ge=0, description="IVF lists to train (null/0 = automatic, about 4*sqrt(N))"
+    )
+    metric: Metric | None = None
+
+
+class CreateIndexRequest(IndexRequest):
+    # Optional in the schema only so that a KMS-style create (kms_name, no key) gets a message
+    # naming KMS; a create without either is a 422 naming index_key.
+    index_key: IndexKey | None = None  # type: ignore[assignment]
+    index_config: IndexConfigIn | None = None
+    # The top-level forms newer CyborgDB clients send (they take precedence over index_config).
+    index_type: IndexTypeIn | None = Field(None, description="as index_config.type")
+    dimension: int | None = Field(None, ge=1, le=65536, description="as index_config.dimension")
+    n_lists: int | None = Field(None, ge=0, description="as index_config.n_lists")
+    storage_precision: StoragePrecision | None = Field(
+        None,
+        description="diskivf: float32 (default) keeps original vectors (ivfflat), float16 "
+        "half-precision scalar quantisation (ivf, sq_bits 16); the tq* tiers are not supported",
+    )
+    metric: Metric | None = Field(
+        None, description="euclidean (default), squared_euclidean, cosine"
+    )
+    embedding_model: str | None = Field(
+        None,
+        description="embed text on the server with this model (e.g. all-MiniLM-L6-v2): it "
+        "fixes the dimension, and the metric defaults to cosine",
+    )
+    n_shards: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="vaultvec extension: shard actors for this index; null = the server's "
+        "default (VAULTVEC_SHARDS, or one per Ray node with CPUs)",
+    )
+    # CyborgDB features vaultvec does not offer: refused with a 422 naming them when used.
+    kms_name: str | None = Field(None, description="not supported: send index_key")
+    text_fields: list[str] | None = Field(None, description="not supported (BM25 full text)")
+    metadata_schema: dict[str, Any] | None = Field(
+        None, description="accepted: every metadata field is filterable; full_text is refused"
+    )
+
+
+class TrainRequest(IndexRequest):
+    n_lists: int | None = Field(None, ge=0, description="number of IVF lists; null/0 = automatic")
+    batch_size: int | None = Field(
+        None, ge=0, description="items per rebuild batch; null/0 = default"
+    )
+    max_iters: int | None = Field(
+        None, ge=0, le=1000, description="k-means iterations; null/0 = 20"
+    )
+    tolerance: float | None = Field(None, ge=0)
+    max_memory: int | None = Field(None, ge=0, description="bytes of training sample; 0 = no limit")
+
+
+class RotateKeyRequest(IndexRequest):
+    new_index_key: IndexKey = Field(
+        description="the key to re-seal the index under, 64 hex characters (never stored): "
+        "once the rotation answers, only it opens the index"
+    )
+
+
+class Item(Model):
+    id: str = Field(min_length=1, description="at most VAULTVEC_MAX_ID_LENGTH (1024) characters")
+    vector: Vector | None = Field(
+        None, description="omit to embed contents with the index's embedding_model"
+    )
+    contents: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class UpsertRequest(IndexRequest):
+    items: list[Item] = Field(min_length=1)
+
+
+class QueryRequest(IndexRequest):
+    query_vectors: Vectors | None = Field(
+        None, description="one vector (flat results) or a list of vectors (a result list each)"
+    )
+    query_contents: str | None = Field(
+        None, description="query text, embedded with the index's embedding_model (flat results)"
+    )
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[QueryInclude] | None = Field(
+        None,
+        description='default ["distance","metadata"]; distance is always returned; vector '
+        "only on ivfflat indexes",
+    )
+
+
+class GetRequest(IndexRequest):
+    ids: list[str] = Field(description="unknown ids are omitted; a repeated id is returned once")
+    include: list[GetInclude] | None = Field(
+        None, description="default: every field the index keeps (vector only on ivfflat)"
+    )
+
+
+class DeleteRequest(IndexRequest):
+    ids: list[str] = Field(description="[] deletes nothing")
+
+
+class QueryMetadataRequest(IndexRequest):
+    filters: dict[str, Any] | None = Field(None, description="null or {} matches every item")
+    top_k: int | None = Field(None, ge=1, description="at most this many ids; null = all")
+    include: list[GetInclude] | None = Field(
+        None, description="fields to return with each id (as /v1/vectors/get); default none"
+    )
+    order_by: str | dict[str, int] | None = Field(
+        None,
+        description="sort the matches by this metadata field (dot path) before top_k; "
+        '{"field": 1 | -1} sets the direction too',
+    )
+    ascending: bool | None = Field(None, description="with order_by as a name; default true")
+    text: str | None = Field(None, description="not supported (BM25 full text): must be null")
+
+
+# -- responses ------------------------------------------------------------------------------
+class StatusResponse(Model):
+    status: str
+    message: str
+
+
+class HealthResponse(Model):
+    status: str
+    api_version: str
+    version: str
+
+
+class ListIndexesResponse(Model):
+    indexes: list[str]
+
+
+class IndexConfigOut(Model):
+    index_type: IndexType
+    type: IndexType
+    dimension: int = Field(description="0 while unknown (fixed by the first upsert)")
+    metric: Metric
+    n_lists: int
+    pq_dim: int = Field(description="0 unless ivfpq")
+    pq_bits: int = Field(description="0 unless ivfpq")
+
+
+class RecallReport(Model):
+    """Measured by this gateway replica on a share of the automatically probed queries
+    (VAULTVEC_RECALL_SAMPLE_SHARE), each also answered exactly in the background."""
+
+    estimate: float | None = Field(description="recall@top_k of the answers served; null: none")
+    target: float
+    sampled_queries: int
+    probe_scale: dict[str, float] = Field(
+        description="the calibrated slack's multiplier fitted to the measured queries: "
+        "unfiltered (or a filter matching >= 95% of the items), broad_filter (>= 30%), "
+        "selective_filter"
+    )
+    auto_queries: int
+    lists_scanned_per_query: float | None
+
+
+class PartitionMemory(Model):
+    shard: int
+    pool_actor: str = Field(description="the shard pool actor hosting the partition")
+    resident_bytes: int = Field(description="what the loaded partition holds (estimate)")
+
+
+class MemoryReport(Model):
+    resident_bytes: int = Field(description="the index's partitions, summed")
+    idle_ttl_s: float = Field(description="partitions idle this long are unloaded (0 = never)")
+    partitions: list[PartitionMemory]
+
+
+class DescribeResponse(Model):
+    index_name: str
+    index_type: IndexType
+    is_trained: bool
+    dimension: int = Field(description="0 while unknown")
+    metric: Metric
+    n_lists: int
+    index_config: IndexConfigOut
+    embedding_model: str | None
+    num_vectors: int
+    recall: RecallReport | None = Field(
+        None, description="vaultvec: automatic probing's live recall estimate (null untrained)"
+    )
+    memory: MemoryReport | None = Field(
+        None, description="vaultvec: where the index's partitions live and what they hold"
+    )
+
+
+class TrainingStatusResponse(Model):
+    training_indexes: list[str]
+    retrain_threshold: int
+    worker_pid: int
+    global_training: dict[str, Any]
+    currently_training: str | None
+    queued_indexes: list[str]
+    worker_running: bool
+
+
+class EmbeddingModel(Model):
+    name: str
+    dimension: int | None
+    max_seq_length: int | None
+
+
+class EmbeddingModelsResponse(Model):
+    models: list[EmbeddingModel]
+
+
+class UpsertResponse(StatusResponse):
+    upserted_count: int
+
+
+class DeleteResponse(StatusResponse):
+    deleted_count: int
+
+
+class QueryResult(Model):
+    id: str
+    distance: float
+    metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
+    contents: str | None = None
+
+
+class QueryResponse(Model):
+    results: list[QueryResult] | list[list[QueryResult]]
+
+
+class GetResult(Model):
+    id: str
+    vector: list[float] | None = None
+    contents: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class GetResponse(Model):
+    results: list[GetResult]
+
+
+class ListIdsResponse(Model):
+    ids: list[str]
+    count: int
+
+
+class NumVectorsResponse(StatusResponse):
+    result: int
+
+
+class QueryMetadataResponse(Model):
+    results: list[GetResult]
+    ids: list[str]
+    count: int
+
+
+class ErrorResponse(Model):
+    status_code: int
+    detail: str
+    errors: list[dict[str, Any]] | None = None
+
+
+# -- compact array forms (/v1/vectors/query_arrays, /v1/vectors/upsert_arrays) -------------
+Shape = Annotated[
+    list[int], Field(min_length=2, max_length=2, description="[rows, dimension] of the matrix")
+]
+ArraysInclude = Literal["distance", "metadata"]
+Base64Matrix = Annotated[
+    str,
+    Field(
+        description="base64 (standard alphabet, padded) of a row-major little-endian float32 "
+        "matrix of the given shape: rows * dimension * 4 bytes"
+    ),
+]
+
+
+class ArraysQueryRequest(IndexRequest):
+    query_vectors: Base64Matrix
+    shape: Shape
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[ArraysInclude] | None = Field(None, description='default ["distance","metadata"]')
+
+
+class ArraysQueryResponse(Model):
+    """Results of every query as compact arrays. Query q has ``counts[q]`` results (fewer than
+    ``top_k`` only when fewer items match); ``ids`` (and ``metadata``) hold them flat, query
+    after query, each query's results in ascending distance."""
+
+    nq: int = Field(description="number of queries")
+    top_k: int
+    counts: list[int] = Field(description="results per query")
+    ids: list[str] = Field(description="sum(counts) ids: query 0's, then query 1's, ...")
+    distances: str | None = Field(
+        None,
+        description="with include distance: base64 of the (nq, top_k) little-endian float32 "
+        "distance matrix, row-major; entries past counts[q] are +infinity",
+    )
+    metadata: list[dict[str, Any] | None] | None = Field(
+        None, description="with include metadata: one document per entry of ids"
+    )
+
+
+class ArraysUpsertRequest(IndexRequest):
+    ids: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description="one id per row of vectors"
+    )
+    vectors: Base64Matrix
+    shape: Shape
+    metadata: list[dict[str, Any] | None] | None = Field(None, description="one per id, or null")
+    contents: list[str | None] | None = Field(None, description="one per id, or null")
+
+
+# -- CyborgDB's binary forms (/v1/vectors/upsert_binary, /v1/vectors/query_binary) -----------
+Base64Rows = Annotated[
+    str,
+    Field(
+        description="base64 of a row-major little-endian float32 matrix with `dimension` "
+        "columns: rows * dimension * 4 bytes"
+    ),
+]
+
+
+class BinaryVectorBatch(Model):
+    ids: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description="one id per row"
+    )
+    vectors_b64: Base64Rows
+    dimension: int = Field(ge=1, le=65536)
+    metadata: list[dict[str, Any] | None] | None = Field(None, description="one per id, or null")
+    contents: list[str | None] | None = Field(
+        None, description='one per id, or null; "" means no contents'
+    )
+
+
+class BinaryUpsertRequest(IndexRequest):
+    batch: BinaryVectorBatch
+
+
+class BinaryQueryBatch(Model):
+    vectors_b64: Base64Rows
+    dimension: int = Field(ge=1, le=65536)
+
+
+class BinaryQueryRequest(IndexRequest):
+    batch: BinaryQueryBatch
+    top_k: int | None = Field(None, description="default 100")
+    n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    greedy: bool | None = None
+    filters: dict[str, Any] | None = None
+    include: list[QueryInclude] | None = Field(
+        None, description='as /v1/vectors/query; default ["distance","metadata"]'
+    )

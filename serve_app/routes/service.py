@@ -1,0 +1,38 @@
+"""The service's own routes: GET /v1/health (no authentication; also the no-op request the
+benchmarks compare against) and GET /v1/metrics (the whole service's metrics in Prometheus'
+text format, serve_app.telemetry).
+
+/v1/metrics needs the API key unless ``VAULTVEC_METRICS_PUBLIC`` is set; index names appear as
+labels only with ``VAULTVEC_METRICS_INDEX_LABELS``. It is not in the OpenAPI document: it is for
+scrapers, not for the SDKs. The two are separate routers: the app puts health early among its
+routes and metrics last (serve_app.app, the routes' order).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from serve_app import __version__
+from serve_app import telemetry as metrics
+from serve_app.http.models import HealthResponse
+from serve_app.http.plumbing import JSON, Route, engine_of, settings_of
+
+health_router = APIRouter(route_class=Route)
+router = APIRouter(route_class=Route)
+_BODY = {"status": "healthy", "api_version": "v1", "version": __version__}
+
+
+@health_router.get("/health", response_model=HealthResponse)
+async def health() -> JSON:
+    return JSON(_BODY)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def service_metrics(request: Request) -> Response:
+    engine, settings = engine_of(request), settings_of(request)
+    own = metrics.REGISTRY.snapshot()
+    report = await engine.call(engine.control.service_metrics.remote(metrics.replica_id(), own))
+    text = metrics.render(report, own, settings.metrics_index_labels)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

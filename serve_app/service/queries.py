@@ -1,0 +1,231 @@
+"""What a query and an upsert do, whatever the transport (JSON routes, base64 matrix routes, the
+Ray transport, text queries).
+
+A transport decodes its wire format into numpy arrays and builds one serve_app.service.params
+QueryParams or UpsertRows; these functions unlock the index, check the vectors against it, run
+the engine and shape the answer: the JSON answer ``{"results": ...}`` or the compact one
+(:class:`ArrayHits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from actors.engine.strings import StringBlock
+from actors.errors import InvalidRequest
+from actors.types import UpsertBatch
+from serve_app.access import context
+from serve_app.gateway.engine import CachedView, Engine, Hits
+from serve_app.service import text
+from serve_app.service.checks import check_dimension, check_norms, to_api_distance, to_index_space
+from serve_app.service.params import Fields, QueryParams, UpsertRows, distinct, unique_ids
+from serve_app.service.results import filled, results_json, shape_results
+from serve_app.telemetry import lap, now, started
+
+QUERY_FIELD = "query_vectors"  # how errors name a query's vectors, whatever the transport
+
+
+async def query(engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarray) -> Hits:
+    """Top-k for query matrix ``x`` (nq, d), ascending distance, in index space."""
+    cfg = cv.config
+    if cfg.dimension is None:  # nothing was ever stored
+        shape = (len(x), params.top_k)
+        dist = np.full(shape, np.inf, dtype=np.float32)
+        meta = np.empty(shape, dtype=object) if params.fields.metadata else None
+        return Hits(dist, StringBlock.empty(shape), meta, np.zeros(len(x), dtype=np.int64))
+    t = now()
+    check_dimension(x, cfg.dimension, QUERY_FIELD)
+    check_norms(x, QUERY_FIELD)
+    x, _ = to_index_space(x, cfg.metric, QUERY_FIELD)
+    lap("parse", t)
+    if len(x) == 1:
+        return await engine.search_one(cv, x, params.query)
+    return await engine.search(cv, x, params.query)
+
+
+async def unlock(engine: Engine, name: str, key: str) -> CachedView:
+    """The index's view for a request's key; the time until now counts as the request's parse
+    stage (body, JSON, validation, parameters), the unlock as its own."""
+    t = lap("parse", started())
+    cv = await engine.view(name, key)
+    lap("unlock", t)
+    return cv
+
+
+# -- the JSON answer (/v1/vectors/query, /v1/vectors/query_binary) --------------------------
+async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
+    """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
+    context.note(items=len(x))
+    cv = await unlock(engine, params.index_name, params.index_key)
+    return await json_answer(engine, cv, params, x, single)
+
+
+async def query_text_json(
+    engine: Engine, embedder: Any, params: QueryParams, query_text: str
+) -> bytes:
+    """The JSON answer to a text query, embedded with the index's model: one flat list."""
+    context.note(items=1)
+    cv = await unlock(engine, params.index_name, params.index_key)
+    model = text.index_model(cv.config, "query_contents")
+    x = await text.embed_query(embedder, model, query_text)
+    return await json_answer(engine, cv, params, x, True)
+
+
+async def json_answer(
+    engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarray, single: bool
+) -> bytes:
+    """``{"results": ...}``. Every entry has its distance (CyborgDB's clients rely on it
+    whatever ``include`` says); ``vector`` and ``contents``, when asked for, are fetched for the
+    results by id."""
+    fields = params.fields.on(cv.config)
+    hits = await query(engine, cv, params, x)
+    metric = cv.config.metric
+    t = now()
+    if not (fields.vector or fields.contents):
+        answer = results_json(hits, metric, True, fields.metadata, single)
+        lap("encode", t)
+        return answer
+    results = shape_results(hits, metric, True, fields.metadata)
+    t = lap("encode", t)
+    await attach_items(engine, cv, results, fields)
+    t = lap("fetch", t)
+    body = {"results": results[0] if single else results}
+    answer = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    lap("encode", t)
+    return answer
+
+
+async def attach_items(
+    engine: Engine, cv: CachedView, results: list[list[dict[str, Any]]], fields: Fields
+) -> None:
+    """Add the stored ``vector`` and ``contents`` (as ``fields`` selects) to the results."""
+    ids = distinct([e["id"] for row in results for e in row])
+    found = await engine.fetch(cv, ids, fields.vector, False, fields.contents) if ids else {}
+    for row in results:
+        for entry in row:
+            item = found.get(entry["id"], {})
+            for name in ("vector", "contents"):
+                if name in item:
+                    entry[name] = item[name]
+
+
+# -- the compact answer (/v1/vectors/query_arrays, the Ray transport) ------------------------
+@dataclass(frozen=True)
+class ArrayHits:
+    """Top-k of a query batch in API terms. Row q holds ``counts[q]`` results, then padding:
+    id None, distance +inf, metadata None."""
+
+    ids: StringBlock  # (nq, k) str or None
+    distances: np.ndarray | None  # (nq, k) float32, the metric's distance; None unless asked
+    metadata: np.ndarray | None  # (nq, k) object: orjson bytes or None; None unless asked
+    counts: np.ndarray  # (nq,) int64
+
+
+async def query_arrays(engine: Engine, params: QueryParams, x: np.ndarray) -> ArrayHits:
+    """Top-k for the (nq, d) float32 matrix ``x`` (already finite and 2-D)."""
+    context.note(items=len(x))
+    cv = await unlock(engine, params.index_name, params.index_key)
+    hits = await query(engine, cv, params, x)
+    fields = params.fields
+    dist = to_api_distance(hits.distances, cv.config.metric) if fields.distance else None
+    return ArrayHits(
+        hits.ids,
+        None if dist is None else dist.astype(np.float32, copy=False),
+        hits.metadata if fields.metadata else None,
+        hits.counts.astype(np.int64, copy=False),
+    )
+
+
+def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
+    """The compact answer's flat ids as the bytes of a JSON array (and the metadata list) in
+    query order: row q's counts[q] entries."""
+    counts = hits.counts
+    k = hits.ids.shape[1]
+    if len(counts) and int(counts.min()) == k:  # every query full: no padding to drop
+        ids = hits.ids.json_array()
+        meta = None if hits.metadata is None else hits.metadata.ravel().tolist()
+    else:
+        keep = filled(counts, k)
+        ids = hits.ids.select(keep).json_array()
+        meta = None if hits.metadata is None else hits.metadata[keep].tolist()
+    if meta is not None:  # as the JSON route: an item without metadata has null
+        meta = [None if m is None else orjson.Fragment(m) for m in meta]
+    return ids, meta
+
+
+# -- upsert --------------------------------------------------------------------------------
+async def upsert(engine: Engine, rows: UpsertRows, embedder: Any = None) -> int:
+    """Store ``rows``; returns the number upserted. JSON items without a vector are embedded
+    from their contents with the index's model (one call through ``embedder``)."""
+    cv = await unlock(engine, rows.index_name, rows.index_key)
+    x = rows.vectors
+    if not isinstance(x, np.ndarray):
+        x = await text.item_vectors(embedder, cv.config, rows)
+    return await store(engine, cv, rows, x)
+
+
+async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray) -> int:
+    """Store ``rows`` with their vectors ``x`` (n, d)."""
+    t = now()
+    ids = rows.ids
+    context.note(items=len(ids))
+    unique_ids(ids, "items ids")
+    await check_items_quota(engine, cv, ids)
+    cv = await fix_dimension(engine, cv, x.shape[1])
+    cfg = cv.config
+    check_dimension(x, cfg.dimension, rows.field)
+    check_norms(x, rows.field, ids)
+    x, norms = to_index_space(x, cfg.metric, rows.field)
+
+    def batch(at: np.ndarray) -> UpsertBatch:
+        r = at.tolist()
+        return UpsertBatch(
+            ids=tuple(ids[i] for i in r),
+            vectors=x[at],
+            norms=None if norms is None else norms[at],
+            metadata=tuple(rows.metadata[i] for i in r),
+            contents=tuple(rows.contents[i] for i in r),
+        )
+
+    t = lap("parse", t)
+    total = await engine.upsert_batches(cv, ids, batch)
+    if total < 0:
+        total, _ = await engine.count(cv)
+    engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
+    lap("write", t)
+    return len(ids)
+
+
+async def check_items_quota(engine: Engine, cv: CachedView, ids: list[str]) -> None:
+    """Refuse an upsert that would grow the index past its API key's ``max_items_per_index``:
+    the items it holds now and the ids it does not hold yet (only looked up when the plain sum
+    is over the limit). Upserts under way together may each pass: the index can end up over the
+    limit by what they carry at most."""
+    ctx = context.current()
+    limit = ctx.limits.max_items_per_index if ctx is not None and ctx.limits else 0
+    if not limit:
+        return
+    held, _ = await engine.count(cv)
+    if held + len(ids) <= limit:
+        return
+    new = len(ids) - len(await engine.fetch(cv, ids, False, False, False))
+    if held + new > limit:
+        raise InvalidRequest(
+            f"API key {ctx.key!r} may grow an index to {limit} items (max_items_per_index): "  # type: ignore[union-attr]
+            f"{cv.config.name!r} holds {held}, this upsert adds {new}"
+        )
+
+
+async def fix_dimension(engine: Engine, cv: CachedView, dimension: int) -> CachedView:
+    """The view, with the dimension fixed to ``dimension`` if this is the first upsert."""
+    cfg = cv.config
+    if cfg.dimension is not None:
+        return cv
+    if cfg.index_type == "ivfpq" and cfg.pq_dim and dimension % cfg.pq_dim:
+        raise InvalidRequest(f"pq_dim {cfg.pq_dim} must divide the dimension {dimension}")
+    await engine.call(engine.control.set_dimension.remote(cfg.name, cv.key, dimension))
+    return await engine.reload(cv)
