@@ -171,7 +171,7 @@ def deploy_floor(n_shards: int) -> None:
 
             directory = channel.socket_directory()
             assert directory is not None, "no private directory for the socket"
-            self.server = channel.ChannelServer({channel.SEARCH: self.ping}, directory)
+            self.server = channel.ChannelServer({channel.FRAMED: self.ping}, directory)
             return self.server.path
 
     @serve.deployment(ray_actor_options={"num_cpus": 0.05})
@@ -190,7 +190,7 @@ def deploy_floor(n_shards: int) -> None:
             if request.url.path.endswith("/hop"):
                 await asyncio.gather(*(a.ping.remote(body) for a in self.actors))
             elif request.url.path.endswith("/socket"):
-                await asyncio.gather(*(c.call(channel.SEARCH, body) for c in self.channels))
+                await asyncio.gather(*(c.call(channel.FRAMED, body) for c in self.channels))
             return Response(ok, media_type="application/json")
 
     serve.run(Floor.bind(n_shards), name="floor", route_prefix="/floor")  # type: ignore[attr-defined]
@@ -566,10 +566,11 @@ def gateway_view(key: str) -> tuple[Any, Any]:
     """A gateway's Engine in this process, on the live control plane, and its view of the index."""
     import ray
 
+    from actors.control.client import ControlClient
     from actors.control.plane import CONTROL_NAME, NAMESPACE
     from serve_app.gateway.engine import Engine
 
-    engine = Engine(ray.get_actor(CONTROL_NAME, namespace=NAMESPACE))
+    engine = Engine(ControlClient(ray.get_actor(CONTROL_NAME, namespace=NAMESPACE)))
     return engine, asyncio.run(engine.view(INDEX, key))
 
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from ray import serve
 
+from actors.control.client import ControlClient
 from actors.control.plane import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.pool import channel
 from actors.process import heap
@@ -134,7 +135,7 @@ class Gateway:
         # A function, not the REPLICA object: Serve pickles this class by value, and the object
         # would be copied into it instead of shared with the routes.
         engine = Engine(
-            control_plane(s),
+            ControlClient(control_plane(s)),
             retries=s.shard_retries,
             timeout_s=s.shard_timeout_s,
             recall_sample_share=s.recall_sample_share,

@@ -245,7 +245,7 @@ def start_reporting(engine: Any) -> None:
     me = replica_id()
 
     def push(families: list[m.Family]) -> None:
-        engine.control.report_metrics.remote(me, families)
+        engine.control.report_metrics(me, families)
 
     m.export_to_ray(REGISTRY, EXPORT_S, push)
 

@@ -36,7 +36,7 @@ from actors.control.training import (
 from actors.engine.ivf import centroids_of, deserialize, serialize
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
 from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
-from actors.pool.client import ShardClient, shared
+from actors.pool.client import ShardClient
 from actors.pool.placement import Pool, place
 from actors.process import heap
 from actors.process.cpus import node_cpus
@@ -421,12 +421,10 @@ class ControlPlane:
         )
         blob = serialize(template)
         persistence.write_template(self.store, key, new_cfg, blob)
-        ref = shared(blob, len(shards))
         ray.get(
-            [
-                sh.rebuild(key, new_cfg.version, ref, table, params.batch_size or 65536)
-                for sh in shards
-            ]
+            ShardClient.rebuild_all(
+                shards, key, new_cfg.version, blob, table, params.batch_size or 65536
+            )
         )
         with self._lock:
             if name not in self._catalog:

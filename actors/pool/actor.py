@@ -30,8 +30,8 @@ from actors import metrics as m
 from actors.engine.filters import FilterNode
 from actors.engine.shard import Shard
 from actors.errors import IndexRetired
-from actors.pool import channel
-from actors.pool.client import UPSERT_GROUP, ShardCalls, chunks, pack, unframe, unpack_request
+from actors.pool import channel, wire
+from actors.pool.calls import ShardCalls
 from actors.process import heap
 from actors.process.cpus import node_cpus
 from actors.storage import Store, open_store, persistence
@@ -158,15 +158,9 @@ class ShardPool:
         with self._call("search", part.shard_no):
             return self._shard(part).search(key, req)
 
-    def search_packed(self, p: Partition | str, key: bytes, req: bytes) -> bytes:
-        part = Partition.of(p)
-        with self._call("search", part.shard_no):
-            return pack(self._shard(part).search(key, unpack_request(req)))
-
-    def search_framed(self, call: bytes) -> bytes:
-        """:meth:`search_packed` of its arguments in one frame (actors.pool.client.frame)."""
-        p, key, req = unframe(call)
-        return self.search_packed(p, key, req)
+    def framed(self, call: bytes, payload: bytes | None = None) -> bytes:
+        """A framed call (actors.pool.wire), from a Ray call or the same-node socket."""
+        return wire.answer(self, call, payload)
 
     def upsert(self, p: Partition | str, key: bytes, batch: UpsertBatch) -> ShardStats:
         with self._call("upsert"):
@@ -187,11 +181,6 @@ class ShardPool:
     ) -> Fetched:
         with self._call("get"):
             return self._shard(p).get(key, ids, vectors, metadata, contents)
-
-    def get_packed(self, call: bytes) -> bytes:
-        """:meth:`get` of its arguments in one frame, pickled (actors.pool.client.PACKED_GET_IDS)."""
-        p, key, ids, vectors, metadata, contents = unframe(call)
-        return pack(self.get(p, key, ids, vectors, metadata, contents))
 
     def list_ids(self, p: Partition | str, key: bytes) -> list[str]:
         with self._call("list_ids"):
@@ -218,7 +207,7 @@ class ShardPool:
         generator, each piece passed inside Ray's calls rather than through its object store."""
         with self._call("sample"):
             x = self._shard(p).sample(key, n, seed)
-        yield from chunks(x)
+        yield from wire.chunks(x)
 
     def rebuild(
         self,
@@ -261,7 +250,7 @@ class ShardPool:
                 try:
                     if directory is None:
                         raise OSError("no private directory for the socket")
-                    handlers = {channel.SEARCH: self.search_framed, channel.GET: self.get_packed}
+                    handlers = {channel.FRAMED: self.framed}
                     self._channel = channel.ChannelServer(handlers, directory)
                 except OSError as exc:
                     log.warning("no same-node channel (calls go through Ray): %s", exc)
@@ -469,7 +458,7 @@ class PoolMetrics:
 
 # (Ray takes concurrency groups only where the class is declared remote, not in .options();
 # its type stubs do not name the argument.)
-PoolActor = ray.remote(concurrency_groups={UPSERT_GROUP: UPSERT_THREADS})(ShardPool)  # type: ignore[call-overload]
+PoolActor = ray.remote(concurrency_groups={wire.UPSERT_GROUP: UPSERT_THREADS})(ShardPool)  # type: ignore[call-overload]
 
 
 def _contract(pool: ShardPool) -> ShardCalls:

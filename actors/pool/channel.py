@@ -4,7 +4,7 @@ the partitions a pool actor on its own node hosts skip Ray's task machinery.
 A Ray actor call costs this machine about 2 ms of a single query's time and about 1 ms of CPU
 on each side for a search that takes 0.1 ms (docs/performance.md, Serve fast path); a round
 trip over a Unix socket, about 0.1 ms. So each pool actor answers the same calls
-(``search_framed``, ``get_packed``: bytes in, bytes out) on a socket of its own as well, and a
+(framed searches and gets: bytes in, bytes out, actors.pool.wire) on a socket of its own as well, and a
 gateway on the same Ray node sends them there. Everything else, and every call to another
 node, goes through Ray as before.
 
@@ -43,7 +43,7 @@ from actors.process import private
 
 log = logging.getLogger("vaultvec.channel")
 
-SEARCH, GET = 1, 2  # the calls: ShardPool.search_framed, ShardPool.get_packed
+FRAMED = 1  # the one call: a frame of actors.pool.wire, answered by ShardPool.framed
 OK, RAISED, FAILED = 0, 1, 2  # answers: the result; a VaultvecError, pickled; anything else
 HEADER = struct.Struct("<IB")  # payload length, call or answer
 MAX_PAYLOAD = 64 << 20  # a request or answer past this is refused (the frames are far smaller)

@@ -20,13 +20,14 @@ from typing import Any, NamedTuple, TypeVar
 import faiss
 import numpy as np
 import orjson
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from actors.control.client import ControlClient, cause
 from actors.control.plane import IndexView
 from actors.engine.filters import FilterNode
 from actors.engine.strings import StringBlock, concat_columns, replace_rows, take_along_columns
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
-from actors.pool.client import ShardClient, packed_for
+from actors.pool.client import ShardClient
 from actors.storage.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.types import (
     Fetched,
@@ -152,16 +153,10 @@ async def within(awaitable: Awaitable[T], seconds: float) -> T:
         return await awaitable
 
 
-def unwrap(exc: BaseException) -> BaseException:
-    if isinstance(exc, RayTaskError) and exc.cause is not None:
-        return exc.cause
-    return exc
-
-
 class Engine:
     def __init__(
         self,
-        control: Any,
+        control: ControlClient,
         *,
         retries: int = 3,
         retry_backoff_s: float = 0.2,
@@ -186,9 +181,7 @@ class Engine:
         key = parse_index_key(key_hex)
         for fresh in (False, True):
             cached = None if fresh else self._metas.get(name)
-            meta: IndexMeta = (
-                cached if cached is not None else await self.call(self.control.lookup.remote(name))
-            )
+            meta: IndexMeta = cached if cached is not None else await self.control.lookup(name)
             self._metas[name] = meta
             keys = derive_keys(key, name, meta.salt)
             if verify(keys, meta.verifier):
@@ -211,7 +204,7 @@ class Engine:
         return await self._load_view(name, keys.data_key)
 
     async def _load_view(self, name: str, data_key: bytes) -> CachedView:
-        view: IndexView = await self.call(self.control.view.remote(name, data_key))
+        view = await self.control.view(name, data_key)
         quantizer = None
         if view.centroids is not None:
             quantizer = faiss.IndexFlatL2(view.centroids.shape[1])
@@ -243,12 +236,6 @@ class Engine:
         return cv
 
     # -- fan-out ----------------------------------------------------------------------------
-    async def call(self, ref: Awaitable[T]) -> T:
-        try:
-            return await ref
-        except Exception as exc:
-            raise unwrap(exc) from None
-
     async def fan_out(
         self, cv: CachedView, calls: Sequence[ShardCall], *, idempotent: bool = True
     ) -> list[Any]:
@@ -273,11 +260,11 @@ class Engine:
                         f"{self.timeout_s:.0f}s"
                     ) from None
                 except Exception as exc:
-                    cause = unwrap(exc)
-                    if isinstance(cause, IndexRetired) or isinstance(exc, ActorDiedError):
+                    failure = cause(exc)
+                    if isinstance(failure, IndexRetired) or isinstance(exc, ActorDiedError):
                         client = (await self.revalidate(cv)).shards[s]
-                    elif isinstance(cause, VaultvecError):
-                        raise cause from None
+                    elif isinstance(failure, VaultvecError):
+                        raise failure from None
                     elif not isinstance(exc, SHARD_ERRORS):
                         raise
                     if attempt == attempts - 1:
@@ -302,7 +289,7 @@ class Engine:
         """
         name = cv.view.meta.name
         try:
-            meta: IndexMeta = await self.call(self.control.lookup.remote(name))
+            meta = await self.control.lookup(name)
         except IndexNotFound:
             self.forget(name)
             raise
@@ -438,9 +425,9 @@ class Engine:
             p.scales,
             p.measure,
         )
-        packed = packed_for(req, len(cv.shards))
+        search = ShardClient.searching(cv.key, req, len(cv.shards))
         parts: list[SearchResult] = await self.fan_out(
-            cv, [(s, lambda c: c.search(cv.key, packed)) for s in range(len(cv.shards))]
+            cv, [(s, search) for s in range(len(cv.shards))]
         )
         t = stages.lap("search", t)
         hits = merge(parts, k, q.with_metadata)

@@ -18,8 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from actors.control.client import cause
 from actors.errors import InternalError, Unavailable, VaultvecError
-from serve_app.gateway.engine import SHARD_ERRORS, unwrap
+from serve_app.gateway.engine import SHARD_ERRORS
 
 log = logging.getLogger("vaultvec.errors")
 
@@ -96,11 +97,11 @@ def api_error(exc: BaseException) -> VaultvecError:
     """Any exception as the API error every transport answers with: a VaultvecError (also one
     a shard raised) as it is, a shard outage as 503, anything else as a scrubbed 500 whose
     request id is logged here with the exception."""
-    cause = unwrap(exc)
-    if isinstance(cause, VaultvecError):
-        return cause
+    failure = cause(exc)
+    if isinstance(failure, VaultvecError):
+        return failure
     if isinstance(exc, SHARD_ERRORS):
         return Unavailable("a shard of this index is unavailable; retry later")
     request_id = uuid.uuid4().hex[:12]
-    log.error("internal error (request %s): %s", request_id, type(cause).__name__, exc_info=exc)
+    log.error("internal error (request %s): %s", request_id, type(failure).__name__, exc_info=exc)
     return InternalError(f"{InternalError.default_detail} (request id {request_id})")

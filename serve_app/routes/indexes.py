@@ -50,7 +50,7 @@ router = APIRouter(
 @router.get("/list", response_model=ListIndexesResponse)
 async def list_indexes(request: Request) -> JSON:
     engine = engine_of(request)
-    return JSON({"indexes": await engine.call(engine.control.list_indexes.remote())})
+    return JSON({"indexes": await engine.control.list_indexes()})
 
 
 def resolve_type(
@@ -139,7 +139,7 @@ async def create_index(body: CreateIndexRequest, request: Request) -> JSON:
         n_lists_requested=body.n_lists or cfg_in.n_lists or None,
     )
     max_per_owner = ctx.limits.max_indexes_per_key if ctx is not None and ctx.limits else 0
-    await engine.call(engine.control.create_index.remote(meta, keys.data_key, cfg, max_per_owner))
+    await engine.control.create_index(meta, keys.data_key, cfg, max_per_owner)
     engine.forget(body.index_name)
     return JSON({"status": "success", "message": f"Index '{body.index_name}' created"})
 
@@ -210,7 +210,7 @@ def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
 async def delete_index(body: IndexRequest, request: Request) -> JSON:
     engine = engine_of(request)
     cv = await engine.view(body.index_name, body.index_key)
-    await engine.call(engine.control.delete_index.remote(body.index_name, cv.key))
+    await engine.control.delete_index(body.index_name, cv.key)
     engine.forget(body.index_name)
     return JSON({"status": "success", "message": f"Index '{body.index_name}' deleted"})
 
@@ -226,7 +226,7 @@ async def train_index(body: TrainRequest, request: Request) -> JSON:
         tolerance=body.tolerance,
         max_memory=body.max_memory or None,
     )
-    status = await engine.call(engine.control.train.remote(body.index_name, cv.key, params, True))
+    status = await engine.control.train(body.index_name, cv.key, params, True)
     engine.forget(body.index_name)
     message = "Index trained" if status == "success" else "Training continues in the background"
     return JSON({"status": status, "message": message})
@@ -243,10 +243,8 @@ async def rotate_key(body: RotateKeyRequest, request: Request) -> JSON:
     _, keys = await engine.keys(body.index_name, body.index_key)
     salt = new_salt()
     new = derive_keys(new_key, body.index_name, salt)
-    await engine.call(
-        engine.control.rotate_key.remote(
-            body.index_name, keys.data_key, salt, new.verifier, new.data_key
-        )
+    await engine.control.rotate_key(
+        body.index_name, keys.data_key, salt, new.verifier, new.data_key
     )
     engine.forget(body.index_name)
     return JSON({"status": "success", "message": f"Index '{body.index_name}' key rotated"})
@@ -255,7 +253,7 @@ async def rotate_key(body: RotateKeyRequest, request: Request) -> JSON:
 @router.get("/training-status", response_model=TrainingStatusResponse)
 async def training_status(request: Request) -> JSON:
     engine = engine_of(request)
-    return JSON(await engine.call(engine.control.training_status.remote()))
+    return JSON(await engine.control.training_status())
 
 
 # GET /v1/embedding-models: outside /indexes, as CyborgDB serves it.

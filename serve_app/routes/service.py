@@ -33,6 +33,6 @@ async def health() -> JSON:
 async def service_metrics(request: Request) -> Response:
     engine, settings = engine_of(request), settings_of(request)
     own = metrics.REGISTRY.snapshot()
-    report = await engine.call(engine.control.service_metrics.remote(metrics.replica_id(), own))
+    report = await engine.control.service_metrics(metrics.replica_id(), own)
     text = metrics.render(report, own, settings.metrics_index_labels)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -195,7 +195,7 @@ async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray)
     total = await engine.upsert_batches(cv, ids, batch)
     if total < 0:
         total, _ = await engine.count(cv)
-    engine.control.maybe_autotrain.remote(cfg.name, cv.key, total)
+    engine.control.maybe_autotrain(cfg.name, cv.key, total)
     lap("write", t)
     return len(ids)
 
@@ -227,5 +227,5 @@ async def fix_dimension(engine: Engine, cv: CachedView, dimension: int) -> Cache
         return cv
     if cfg.index_type == "ivfpq" and cfg.pq_dim and dimension % cfg.pq_dim:
         raise InvalidRequest(f"pq_dim {cfg.pq_dim} must divide the dimension {dimension}")
-    await engine.call(engine.control.set_dimension.remote(cfg.name, cv.key, dimension))
+    await engine.control.set_dimension(cfg.name, cv.key, dimension)
     return await engine.reload(cv)

@@ -22,7 +22,7 @@ import pytest
 from actors.errors import IndexRetired, Unauthorized
 from actors.pool import channel
 from actors.pool.actor import ShardPool
-from actors.pool.client import ShardClient, pack
+from actors.pool.client import ShardClient
 from actors.process import private
 from tests.helpers import clustered
 from tests.unit.test_pool import KEY_A, KEY_B, LocalHandle, catalogued, pool
@@ -85,7 +85,7 @@ def test_same_node_searches_and_gets_cross_the_socket_with_the_ray_call_s_answer
     client = ShardClient(handle, part)
 
     async def run() -> tuple[list[Any], Any]:
-        results = [await client.search(KEY_A, pack(one_list(x[i : i + 2]))) for i in range(5)]
+        results = [await client.search(KEY_A, one_list(x[i : i + 2])) for i in range(5)]
         return results, await client.get(KEY_A, ["id3", "id1", "nope"], True, True, True)
 
     results, fetched = asyncio.run(run())
@@ -103,10 +103,10 @@ def test_the_partition_s_errors_cross_as_raised(
     handle = PoolHandle(p)
     client = ShardClient(handle, part)
     with pytest.raises(Unauthorized):
-        asyncio.run(client.search(KEY_B, pack(one_list(x[:1]))))
+        asyncio.run(client.search(KEY_B, one_list(x[:1])))
     p.retire(part.index_id)
     with pytest.raises(IndexRetired):
-        asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))
+        asyncio.run(client.search(KEY_A, one_list(x[:1])))
     assert handle.calls == ["local_channel"]
 
 
@@ -117,12 +117,12 @@ def test_another_node_s_actor_and_a_disabled_channel_go_through_ray(
     handle = PoolHandle(p, node="node-2")
     client = ShardClient(handle, part)
     for _ in range(2):
-        asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))
-    assert handle.calls == ["local_channel", "search_framed", "search_framed"]
+        asyncio.run(client.search(KEY_A, one_list(x[:1])))
+    assert handle.calls == ["local_channel", "framed", "framed"]
     channels.enable(False)
     local = PoolHandle(p)
-    asyncio.run(ShardClient(local, part).search(KEY_A, pack(one_list(x[:1]))))
-    assert local.calls == ["search_framed"]
+    asyncio.run(ShardClient(local, part).search(KEY_A, one_list(x[:1])))
+    assert local.calls == ["framed"]
 
 
 def test_a_gone_socket_sends_calls_through_ray_and_is_looked_up_again(
@@ -138,7 +138,7 @@ def test_a_gone_socket_sends_calls_through_ray_and_is_looked_up_again(
     want = exact_ids(x, x[:2], 5)
 
     async def search() -> list[Any]:
-        res = await client.search(KEY_A, pack(one_list(x[:2])))
+        res = await client.search(KEY_A, one_list(x[:2]))
         return list(res.ids.tolist())
 
     assert asyncio.run(search()) == want
@@ -146,9 +146,9 @@ def test_a_gone_socket_sends_calls_through_ray_and_is_looked_up_again(
     p._channel.close()
     p._channel = None  # the restarted actor starts a new server when asked
     assert asyncio.run(search()) == want
-    assert handle.calls == ["local_channel", "search_framed"]
+    assert handle.calls == ["local_channel", "framed"]
     assert asyncio.run(search()) == want  # within RETRY_S: Ray, no new lookup
-    assert handle.calls[-1] == "search_framed"
+    assert handle.calls[-1] == "framed"
     monkeypatch.setattr(channel, "RETRY_S", 0.0)
     channels._retry_at.clear()
     n = len(handle.calls)
@@ -167,15 +167,15 @@ def test_an_actor_gone_between_two_calls_on_one_connection_sends_the_next_throug
     client = ShardClient(handle, part)
 
     async def run() -> None:
-        first = await client.search(KEY_A, pack(one_list(x[:1])))
+        first = await client.search(KEY_A, one_list(x[:1]))
         assert first.ids.tolist() == exact_ids(x, x[:1], 5)
         assert p._channel is not None
         p._channel.close()  # its connections shut: the kept one reads the end of the file
-        second = await client.search(KEY_A, pack(one_list(x[2:3])))
+        second = await client.search(KEY_A, one_list(x[2:3]))
         assert second.ids.tolist() == exact_ids(x, x[2:3], 5)
 
     asyncio.run(run())
-    assert handle.calls == ["local_channel", "search_framed"]
+    assert handle.calls == ["local_channel", "framed"]
 
 
 def test_other_failures_in_the_actor_are_left_to_the_ray_call(
@@ -184,16 +184,16 @@ def test_other_failures_in_the_actor_are_left_to_the_ray_call(
     p, part, x = served
     handle = PoolHandle(p)
     client = ShardClient(handle, part)
-    asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))  # the channel is up
+    asyncio.run(client.search(KEY_A, one_list(x[:1])))  # the channel is up
     assert p._channel is not None
     handlers = dict(p._channel.handlers)
-    p._channel.handlers = {**handlers, channel.SEARCH: lambda _: 1 / 0}
-    res = asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))
+    p._channel.handlers = {**handlers, channel.FRAMED: lambda _: 1 / 0}
+    res = asyncio.run(client.search(KEY_A, one_list(x[:1])))
     assert res.ids.tolist() == exact_ids(x, x[:1], 5)  # Ray's call ran it
-    assert handle.calls == ["local_channel", "search_framed"]
+    assert handle.calls == ["local_channel", "framed"]
     p._channel.handlers = handlers
-    asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))
-    assert handle.calls == ["local_channel", "search_framed"]  # the channel stays in use
+    asyncio.run(client.search(KEY_A, one_list(x[:1])))
+    assert handle.calls == ["local_channel", "framed"]  # the channel stays in use
 
 
 def test_a_cancelled_call_drops_its_connection_and_calls_beyond_the_cap_go_through_ray(
@@ -205,31 +205,31 @@ def test_a_cancelled_call_drops_its_connection_and_calls_beyond_the_cap_go_throu
     handle = PoolHandle(p)
     client = ShardClient(handle, part)
     want = exact_ids(x, x[:1], 5)
-    asyncio.run(client.search(KEY_A, pack(one_list(x[:1]))))
+    asyncio.run(client.search(KEY_A, one_list(x[:1])))
     assert p._channel is not None
     release = threading.Event()
-    real = p._channel.handlers[channel.SEARCH]
+    real = p._channel.handlers[channel.FRAMED]
 
     def slow(call: bytes) -> bytes:
         release.wait(10)
         return real(call)
 
-    monkeypatch.setitem(p._channel.handlers, channel.SEARCH, slow)
+    monkeypatch.setitem(p._channel.handlers, channel.FRAMED, slow)
     monkeypatch.setattr(channel, "MAX_CONNECTIONS", 1)
 
     async def run() -> None:
-        held = asyncio.ensure_future(client.search(KEY_A, pack(one_list(x[:1]))))
+        held = asyncio.ensure_future(client.search(KEY_A, one_list(x[:1])))
         await asyncio.sleep(0.2)
         # the one connection is taken: this call goes through Ray meanwhile
-        busy = await client.search(KEY_A, pack(one_list(x[:1])))
-        assert busy.ids.tolist() == want and handle.calls[-1] == "search_framed"
+        busy = await client.search(KEY_A, one_list(x[:1]))
+        assert busy.ids.tolist() == want and handle.calls[-1] == "framed"
         held.cancel()  # the caller's deadline: its connection is closed, not reused
         with pytest.raises(asyncio.CancelledError):
             await held
         release.set()
         n = len(handle.calls)
         # another query: an answer left unread on a reused connection would show here
-        again = await client.search(KEY_A, pack(one_list(x[5:6])))
+        again = await client.search(KEY_A, one_list(x[5:6]))
         assert again.ids.tolist() == exact_ids(x, x[5:6], 5)
         assert len(handle.calls) == n  # over the socket, on a new connection
 
@@ -250,19 +250,19 @@ def test_the_socket_is_private_and_stale_sockets_are_removed(
     # a socket left by a killed actor: pid 2**22 + 1 is above Linux's pid_max
     stale = shared / f"pool-{2**22 + 1}-0.sock"
     stale.touch()
-    server = channel.ChannelServer({channel.SEARCH: lambda b: b}, str(shared))
+    server = channel.ChannelServer({channel.FRAMED: lambda b: b}, str(shared))
     try:
         assert not stale.exists()
         mode = os.stat(server.path).st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
 
         async def echo() -> bytes:
-            return await channel.Channel(server.path).call(channel.SEARCH, b"ping")
+            return await channel.Channel(server.path).call(channel.FRAMED, b"ping")
 
         assert asyncio.run(echo()) == b"ping"
         held = socket.socket(socket.AF_UNIX)  # a peer that stays connected
         held.connect(server.path)
-        held.sendall(channel.HEADER.pack(4, channel.SEARCH) + b"pong")
+        held.sendall(channel.HEADER.pack(4, channel.FRAMED) + b"pong")
         assert held.recv(64) == channel.HEADER.pack(4, channel.OK) + b"pong"
     finally:
         server.close()
@@ -285,7 +285,7 @@ def test_a_socket_that_is_not_there_is_a_failure_not_a_busy_channel(
     async def run() -> None:
         for _ in range(3):  # each a failed connection, none left counted as open
             with pytest.raises(channel.ChannelError) as raised:
-                await ch.call(channel.SEARCH, b"x")
+                await ch.call(channel.FRAMED, b"x")
             assert not isinstance(raised.value, channel.Busy)
 
     asyncio.run(run())
@@ -296,7 +296,7 @@ def test_a_peer_of_another_user_is_not_answered(
 ) -> None:
     directory = tmp_path / "s"
     directory.mkdir(mode=0o700)
-    server = channel.ChannelServer({channel.SEARCH: lambda b: b}, str(directory))
+    server = channel.ChannelServer({channel.FRAMED: lambda b: b}, str(directory))
     real_uid = os.getuid()
     try:
         monkeypatch.setattr(channel.os, "getuid", lambda: real_uid + 1)  # as the server sees it
@@ -306,7 +306,7 @@ def test_a_peer_of_another_user_is_not_answered(
             answer = b""
             # closed before the request is sent or read (a broken pipe, a reset) or after it
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                s.sendall(channel.HEADER.pack(4, channel.SEARCH) + b"ping")
+                s.sendall(channel.HEADER.pack(4, channel.FRAMED) + b"ping")
                 answer = s.recv(16)
             assert answer == b""  # no answer either way
     finally:
@@ -324,12 +324,12 @@ def test_a_channel_closed_mid_call_answers_it_and_keeps_no_connection(tmp_path: 
         release.wait(10)
         return payload
 
-    server = channel.ChannelServer({channel.SEARCH: slow}, str(directory))
+    server = channel.ChannelServer({channel.FRAMED: slow}, str(directory))
     try:
 
         async def run() -> None:
             ch = channel.Channel(server.path)
-            call = asyncio.ensure_future(ch.call(channel.SEARCH, b"x"))
+            call = asyncio.ensure_future(ch.call(channel.FRAMED, b"x"))
             await asyncio.sleep(0.2)
             ch.close()
             release.set()

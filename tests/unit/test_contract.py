@@ -12,7 +12,7 @@ import pytest
 
 from actors.engine.filters import parse_filter
 from actors.engine.strings import StringBlock
-from actors.pool.client import frame, pack, unframe, unpack_request, unpack_result
+from actors.pool.wire import frame, pack, unframe, unpack_request, unpack_result
 from actors.types import SearchRequest, SearchResult
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+from actors.control.client import ControlClient
 from actors.control.plane import IndexView
 from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
 from actors.pool.client import ShardClient
@@ -100,7 +101,7 @@ def cached(*shards: Shard, meta: IndexMeta = META) -> CachedView:
 
 def engine(control: Control | None = None, retries: int = 3, timeout_s: float = 5.0) -> Engine:
     ctl = control or Control(lambda: META, lambda: pytest.fail("unexpected view"))
-    return Engine(ctl, retries=retries, retry_backoff_s=0.001, timeout_s=timeout_s)
+    return Engine(ControlClient(ctl), retries=retries, retry_backoff_s=0.001, timeout_s=timeout_s)
 
 
 def stats_of(shard: ShardClient) -> Any:

@@ -18,17 +18,18 @@ import pytest
 from actors.errors import IndexRetired, Unauthorized, Unavailable
 from actors.pool import actor as pool_module
 from actors.pool.actor import PoolOptions, ShardPool
-from actors.pool.client import (
+from actors.pool.client import ShardClient
+from actors.pool.placement import place
+from actors.pool.wire import (
     CALL_BYTES,
     PACKED_GET_IDS,
-    ShardClient,
     chunks,
     pack,
     pieces,
     row_bytes,
+    search_frame,
     unpack_result,
 )
-from actors.pool.placement import place
 from actors.process import heap
 from actors.storage import open_store, persistence
 from actors.types import IndexMeta, Partition, ShardStats, UpsertBatch
@@ -230,7 +231,7 @@ def test_calls_may_name_their_partition_in_its_encoded_form(tmp_path: Path) -> N
     x = clustered(30, 8, seed=7)
     p.upsert(a.encode(), KEY_A, batch(x, 0))
     assert p.stats(a, KEY_A, False).count == 30  # the same partition either way
-    packed = p.search_packed(a.encode(), KEY_A, pack(one_list(x[:2])))
+    packed = p.framed(search_frame(a.encode(), KEY_A, pack(one_list(x[:2]))))
     assert unpack_result(packed).ids.tolist() == p.search(a, KEY_A, one_list(x[:2])).ids.tolist()
     assert p.pool_stats().partitions == 1
 
@@ -280,7 +281,7 @@ def test_small_gets_come_back_packed_large_ones_as_they_are_with_the_same_answer
         assert got.contents == want.contents
         assert got.vectors is not None and want.vectors is not None
         assert np.array_equal(got.vectors, want.vectors)
-    assert handle.calls == ["get_packed", "get"]
+    assert handle.calls == ["framed", "get"]
 
 
 def test_pieces_cover_the_batch_in_order_each_small_enough_to_pass_inside_a_call() -> None:

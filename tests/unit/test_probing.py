@@ -11,6 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
+from actors.control.client import ControlClient
 from actors.control.plane import IndexView
 from actors.control.training import (
     TrainParams,
@@ -22,11 +23,12 @@ from actors.control.training import (
 from actors.engine.filters import parse_filter
 from actors.engine.ivf import PartitionIndex, merge_topk, serialize
 from actors.engine.shard import Shard
-from actors.pool.client import pack, unframe, unpack_request
+from actors.pool import wire
 from actors.types import (
     IndexConfig,
     IndexMeta,
     SearchRequest,
+    SearchResult,
     UpsertBatch,
     probe_slack,
     shard_assignment,
@@ -265,18 +267,17 @@ class Handle:
         self.shard = shard
         self.requests: list[SearchRequest] = []
 
+    def search(self, partition: Any, key: bytes, req: SearchRequest) -> SearchResult:
+        self.requests.append(req)
+        return self.shard.search(key, req)
+
     def __getattr__(self, name: str) -> Any:
         handle = self
 
         class Method:
             def remote(self, partition: Any, *args: Any) -> Ref:
-                if name == "search_framed":  # the one argument holds partition, key, request
-                    partition, *args = unframe(partition)
-                if name in ("search_packed", "search_framed"):
-                    key, blob = args
-                    req = unpack_request(blob)
-                    handle.requests.append(req)
-                    return Ref(pack(handle.shard.search(key, req)))
+                if name == "framed":  # a frame (and the request beside it, when large)
+                    return Ref(wire.answer(handle, partition, *args))
                 return Ref(getattr(handle.shard, name)(*args))
 
         return Method()
@@ -321,7 +322,7 @@ def engine_index(tmp_path) -> tuple[Engine, CachedView, np.ndarray, list[Handle]
     quantizer = faiss.IndexFlatL2(16)
     quantizer.add(template.quantizer.reconstruct_n(0, 48))
     view = IndexView(IndexMeta("p", "pid", b"s", b"v"), cfg, tuple(handles), None)
-    engine = Engine(None, recall_sample_share=1.0)
+    engine = Engine(ControlClient(None), recall_sample_share=1.0)
     return engine, CachedView(view, KEY, quantizer), x, handles, template
 
 

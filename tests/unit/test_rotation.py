@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from actors.control import rotation
+from actors.control.client import ControlClient
 from actors.control.plane import ControlPlane, EngineOptions
 from actors.control.training import TrainParams, train_template
 from actors.engine.ivf import serialize
@@ -413,7 +414,7 @@ def test_gateway_asks_the_next_key_to_retry_until_the_switch_and_refuses_the_old
     old, new = derive_keys(OLD_KEY, NAME, salt), derive_keys(NEW_KEY, NAME, next_salt)
     entry = {"meta": IndexMeta(NAME, INDEX_ID, salt, old.verifier)}
     control_plane = type("Control", (), {"lookup": _Remote(lambda name: entry["meta"])})()
-    engine = Engine(control_plane)
+    engine = Engine(ControlClient(control_plane))
     run = asyncio.run
     assert run(engine.keys(NAME, OLD_KEY.hex()))[1].data_key == old.data_key
     entry["meta"] = replace(entry["meta"], rotation=KeyRotation(next_salt, new.verifier))

@@ -1,0 +1,238 @@
+"""What crosses between a gateway (or the control plane) and a pool actor: the codec and the
+framing both transports share (a Ray call, or the same-node Unix socket: actors.pool.channel),
+and the cutting of bulk data into pieces each call carries.
+
+- **Frames.** A small call goes as one bytes argument, :func:`frame` of (method, partition, key,
+  *arguments): Ray passes one argument for less than several, and the socket carries bytes
+  only. The pool actor answers a frame with :func:`answer` (:data:`FRAMED_CALLS` says how each
+  framed method's request and answer are encoded), over either transport. A large search
+  request goes beside its frame (``payload``), possibly as one stored copy shared by every shard
+  (:func:`shared`).
+- **Packing.** A search request and its result, and the answer to a get of a few ids, travel
+  pickled to bytes (:func:`pack`): Ray's serializer costs more for small numpy-carrying
+  dataclasses than the pickling does (docs/performance.md, Measurements behind design choices),
+  and a fan-out then sends the same bytes to every shard.
+- **Pieces.** Bulk data (an upsert's items, a training sample) crosses in pieces of at most
+  :data:`CALL_BYTES`, each inside its call, never through Ray's object store, whose freed pages
+  stay allocated (docs/performance.md, Footprint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+import ray
+from ray import ObjectRef
+
+from actors.engine.strings import StringBlock
+from actors.types import Fetched, SearchRequest, SearchResult, UpsertBatch
+
+B = TypeVar("B", bytes, np.ndarray)
+
+# A large request sent to several shards is put in Ray's object store once and every shard gets
+# the reference; passed by value, each call carries (or stores) its own copy. With the inline
+# limit vaultvec serve sets (1 MiB, cluster/fastpath.py), to 2 no-op actors: 300 KB by value
+# 1.6 ms against 2.2 ms put once, 640 KB by value 2.6-2.9 ms against 2.2-2.4 ms.
+SHARED_ARG_BYTES = 512 << 10
+
+
+# The most bulk data one call carries (an upsert's piece, a piece of a training sample): under
+# the 1 MiB that vaultvec runs Ray with (cluster/fastpath.py) with room for the call's own
+# framing, so that Ray passes it inside the call, never through its object store.
+CALL_BYTES = 768 << 10
+UPSERT_PIECES_IN_FLIGHT = 2
+# The pool actors' concurrency group for upserts of more than LARGE_UPSERT_BYTES
+# (actors.pool.actor.UPSERT_THREADS); smaller ones run on the actor's other call threads.
+UPSERT_GROUP = "upserts"
+LARGE_UPSERT_BYTES = 64 << 10
+
+
+# A get of up to this many ids goes in one frame and comes back pickled to bytes
+# (ShardPool.get_packed): Ray passes
+# bytes for about 57 us less per call than the Fetched dataclass. Larger gets come back as the
+# dataclass, whose vectors Ray passes without the copies pickling them by hand would make.
+PACKED_GET_IDS = 256
+
+
+def pack(obj: SearchRequest | SearchResult | Fetched) -> bytes:
+    """``obj`` pickled. A search request or result goes as its fields, each array as its
+    dtype, shape and bytes: pickling the dataclasses' numpy arrays costs several times more (a
+    single query's result: 26 us to pickle and 12 to load as the dataclass, a few as fields)."""
+    cls = type(obj)
+    if cls is SearchRequest or cls is SearchResult:
+        kinds = bytearray()
+        values: list[Any] = []
+        for name in _FIELDS[cls]:
+            value = getattr(obj, name)
+            kind = type(value)
+            if kind is np.ndarray:
+                if value.dtype.hasobject:
+                    kinds.append(_OBJECTS)
+                    values.append((value.shape, value.ravel().tolist()))
+                else:
+                    kinds.append(_ARRAY)
+                    values.append(_array(value))
+            elif kind is StringBlock:
+                kinds.append(_STRINGS)
+                values.append((_array(value.blob), _array(value.lens)))
+            else:
+                kinds.append(_PLAIN)
+                values.append(value)
+        return pickle.dumps((cls.__name__, bytes(kinds), values), protocol=5)
+    return pickle.dumps(obj, protocol=5)
+
+
+def unpack_request(blob: bytes) -> SearchRequest:
+    return _unpack(blob, SearchRequest)
+
+
+def unpack_result(blob: bytes) -> SearchResult:
+    return _unpack(blob, SearchResult)
+
+
+_FIELDS = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (SearchRequest, SearchResult)
+}
+_PLAIN, _ARRAY, _OBJECTS, _STRINGS = range(4)
+P = TypeVar("P", SearchRequest, SearchResult)
+
+
+def _array(a: np.ndarray) -> tuple[str, tuple[int, ...], pickle.PickleBuffer]:
+    # pickled in-band as one copy of the array's bytes; a writable array's loads as a bytearray
+    return (a.dtype.str, a.shape, pickle.PickleBuffer(np.ascontiguousarray(a).data))
+
+
+def _unarray(packed: tuple[str, tuple[int, ...], bytes | bytearray]) -> np.ndarray:
+    dtype, shape, data = packed
+    if isinstance(data, bytes):  # a read-only array's: copied, as every array here is writable
+        data = bytearray(data)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _unpack(blob: bytes, cls: type[P]) -> P:
+    name, kinds, values = pickle.loads(blob)
+    if name != cls.__name__:
+        raise TypeError(f"expected a packed {cls.__name__}, got {name}")
+    args = []
+    for kind, value in zip(kinds, values):
+        if kind == _PLAIN:
+            args.append(value)
+        elif kind == _ARRAY:
+            args.append(_unarray(value))
+        elif kind == _OBJECTS:
+            shape, items = value
+            args.append(np.fromiter(items, dtype=object, count=len(items)).reshape(shape))
+        else:
+            args.append(StringBlock(_unarray(value[0]), _unarray(value[1])))
+    return cls(*args)
+
+
+def unpack_fetched(blob: bytes) -> Fetched:
+    fetched = pickle.loads(blob)
+    assert isinstance(fetched, Fetched)
+    return fetched
+
+
+def frame(*args: Any) -> bytes:
+    """A small call's arguments as one bytes argument: Ray passes one argument for less than
+    several (a single query's search, with its partition, key and request: 0.82-0.91 ms p50
+    against 0.93-0.98 for the three, and less CPU on both sides)."""
+    return pickle.dumps(args, protocol=5)
+
+
+FRAMED_BYTES = 64 << 10  # the largest search request sent in a frame
+
+
+def unframe(call: bytes) -> tuple[Any, ...]:
+    args = pickle.loads(call)
+    assert isinstance(args, tuple)
+    return args
+
+
+def shared(blob: B, n_calls: int) -> B | ObjectRef[B]:
+    """What ``n_calls`` calls will carry: ``blob`` itself, or a reference to one stored copy
+    when it is large and sent more than once (Ray resolves it before the method runs)."""
+    size = len(blob) if isinstance(blob, bytes) else blob.nbytes
+    if n_calls > 1 and size >= SHARED_ARG_BYTES:
+        return ray.put(blob)
+    return blob
+
+
+def utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def row_bytes(batch: UpsertBatch) -> np.ndarray:
+    """Each item's share of the batch's serialised size: its vector (and norm), id, metadata
+    and contents (in UTF-8), plus what pickling adds per value."""
+    n = len(batch.ids)
+    per = batch.vectors.shape[1] * batch.vectors.itemsize + (4 if batch.norms is not None else 0)
+    size = np.full(n, per + 24, dtype=np.int64)
+    size += np.fromiter(map(utf8_len, batch.ids), dtype=np.int64, count=n)
+    size += np.fromiter((len(m) if m else 0 for m in batch.metadata), dtype=np.int64, count=n)
+    if any(batch.contents):
+        size += np.fromiter(
+            (utf8_len(c) if c else 0 for c in batch.contents), dtype=np.int64, count=n
+        )
+    return size
+
+
+def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> tuple[list[UpsertBatch], int]:
+    """``batch`` cut into consecutive runs of items of at most ``limit`` bytes together (an
+    item larger than that goes alone; the batch itself when it fits), and its size."""
+    n = len(batch.ids)
+    ends = np.cumsum(row_bytes(batch))
+    total = int(ends[-1]) if n else 0
+    if n <= 1 or total <= limit:
+        return [batch], total
+    out, start = [], 0
+    while start < n:
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + limit, side="right")))
+        out.append(batch.rows(start, stop))
+        start = stop
+    return out, total
+
+
+def chunks(x: np.ndarray, limit: int = CALL_BYTES) -> Iterator[np.ndarray]:
+    """The rows of ``x`` in consecutive runs of at most ``limit`` bytes (at least one row each;
+    an empty ``x`` once)."""
+    step = max(1, limit // max(1, x[:1].nbytes))
+    for start in range(0, max(len(x), 1), step):
+        yield x[start : start + step]
+
+
+# -- framed calls ------------------------------------------------------------------------------
+def search_frame(partition: str, key: bytes, req: bytes | None) -> bytes:
+    """A search's frame; ``req`` (packed) inside it, or None when it goes as the payload."""
+    return frame("search", partition, key, req)
+
+
+def get_frame(
+    partition: str, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
+) -> bytes:
+    return frame("get", partition, key, ids, vectors, metadata, contents)
+
+
+# framed method -> (its arguments from the frame's rest and the payload, its answer as bytes)
+FRAMED_CALLS: dict[
+    str, tuple[Callable[[list[Any], Any], tuple[Any, ...]], Callable[[Any], bytes]]
+] = {
+    "search": (
+        lambda rest, payload: (unpack_request(rest[0] if payload is None else payload),),
+        pack,
+    ),
+    "get": (lambda rest, payload: tuple(rest), pack),
+}
+
+
+def answer(target: Any, call: bytes, payload: bytes | None = None) -> bytes:
+    """``target``'s answer to a framed call (the pool actor's, over Ray or its socket): the
+    method the frame names, called with the partition, the key and the decoded arguments."""
+    method, partition, key, *rest = unframe(call)
+    decode, encode = FRAMED_CALLS[method]
+    return encode(getattr(target, method)(partition, key, *decode(rest, payload)))
