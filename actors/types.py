@@ -41,7 +41,7 @@ class IndexConfig:
     # (top_k, n_probes) pairs from calibration, ascending top_k.
     nprobe_table: tuple[tuple[int, int], ...] = ()
     recall_target: float = 0.95
-    # Automatic probing (PartitionIndex.search_adaptive): (top_k, first, slack unfiltered,
+    # Automatic probing (actors.engine.search.adaptive): (top_k, first, slack unfiltered,
     # slack under a 10% filter) from calibration, ascending top_k; empty (an index trained
     # before it existed) = the fixed table.
     probe_table: tuple[tuple[int, int, float, float], ...] = ()
@@ -172,27 +172,47 @@ class UpsertBatch:
         )
 
 
+PROBING_MODES = ("fixed", "adaptive", "measure", "greedy")
+
+
+@dataclass(frozen=True)
+class Probing:
+    """How a shard probes its lists for a search (actors.engine.search has a strategy for each
+    mode):
+
+    - ``fixed``: the planned lists, as given. ``n_probes`` is the caller's explicit n_probes (0:
+      the calibrated table), which a shard holding another training version than the gateway
+      planned with uses to assign the lists itself;
+    - ``adaptive``: scan ``first`` of the planned lists, then those the slack admits; slacks and
+      the gateway's scales for (unfiltered, a filter matching <= 10%): see :func:`probe_slack`;
+    - ``measure``: answer exactly and tell the slack each result needed (the same ``first``);
+    - ``greedy``: probe in centroid order until no list can hold a closer item.
+    """
+
+    mode: str = "fixed"
+    n_probes: int = 0
+    first: int = 0
+    slacks: tuple[float, float] = (0.0, 0.0)
+    scales: tuple[float, ...] = (1.0, 1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        if self.mode not in PROBING_MODES:
+            raise ValueError(f"probing mode {self.mode!r} is not one of {PROBING_MODES}")
+
+
+FIXED = Probing()
+
+
 @dataclass(frozen=True)
 class SearchRequest:
     queries: np.ndarray  # (nq, d) float32 in index space
     k: int
-    version: int
+    version: int  # the training version the gateway planned with
     list_nos: np.ndarray  # (nq, nprobe) int64 coarse assignment by the gateway
     coarse_dis: np.ndarray  # (nq, nprobe) float32
     filter: FilterNode | None = None
-    greedy: bool = False
     with_metadata: bool = True
-    # The caller's explicit n_probes (0 = automatic): what a shard uses when it holds another
-    # training version than the gateway planned with and must assign the lists itself.
-    n_probes: int = 0
-    # Automatic probing (probe_first > 0): scan ``probe_first`` of the planned lists, then those
-    # the slack admits (PartitionIndex.search_adaptive); 0 = scan every planned list, as given.
-    # Slacks and the gateway's scales for (unfiltered, a filter matching <= 10%): see
-    # probe_slack below. ``measure``: answer exactly and tell the slack each result needed.
-    probe_first: int = 0
-    probe_slack: tuple[float, float] = (0.0, 0.0)
-    probe_scale: tuple[float, ...] = (1.0, 1.0, 1.0)
-    measure: bool = False
+    probing: Probing = FIXED
 
 
 @dataclass(frozen=True)

@@ -599,7 +599,7 @@ def profile_gateway(
     t_model, model = median_timed(QueryRequest.model_validate, obj, reps=reps)
     t_mat, (x, _) = median_timed(as_matrix, model.query_vectors, "query_vectors", reps=reps)
     t_plan, (lists, coarse) = median_timed(engine.plan, cv, x, nprobe, reps=reps)
-    req = SearchRequest(x, k, cv.config.version, lists, coarse, None, False, with_meta)
+    req = SearchRequest(x, k, cv.config.version, lists, coarse, None, with_meta)
 
     def fan_out(req: SearchRequest) -> Any:
         return ray.get([s.handle.search.remote(s.partition, cv.key, req) for s in cv.shards])
@@ -641,7 +641,7 @@ def profile_shard_calls(
     engine, cv = gateway
     x1 = np.ascontiguousarray(q[:1], dtype=np.float32)
     l1, c1 = engine.plan(cv, x1, nprobe)
-    req1 = SearchRequest(x1, k, cv.config.version, l1, c1, None, False, with_meta)
+    req1 = SearchRequest(x1, k, cv.config.version, l1, c1, None, with_meta)
     shards = cv.shards
     t_one = median(
         [

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from actors.engine.ivf import PartitionIndex, merge_topk, new_ivf
+from actors.engine.ivf import PartitionIndex, new_ivf
+from actors.engine.search import merge_topk, slack_needed
 from actors.errors import InvalidRequest
 
 CALIBRATION_TOPKS = (1, 10, 100)
@@ -196,7 +197,8 @@ def calibrate_probing(
             # For each true neighbour, the slack that finds it (one exact search tells all).
             needed = np.concatenate(
                 [
-                    p.slack_needed(
+                    slack_needed(
+                        p,
                         queries,
                         k_eff,
                         all_lists,

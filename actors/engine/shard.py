@@ -25,7 +25,7 @@ import faiss
 import numpy as np
 
 from actors.control.rotation import NextKey
-from actors.engine import compaction
+from actors.engine import compaction, search
 from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, serialize, too_large
@@ -42,8 +42,6 @@ from actors.types import (
     SearchResult,
     ShardStats,
     UpsertBatch,
-    auto_nprobe,
-    probe_slack,
 )
 
 log = logging.getLogger("vaultvec.shard")
@@ -423,45 +421,20 @@ class Shard:
             if part is None or part.ntotal == 0:
                 dist = np.full((nq, k), np.inf, dtype=np.float32)
                 meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
-                none = np.full((nq, k), np.nan) if req.measure else None  # no result to need
+                measuring = req.probing.mode == "measure"
+                none = np.full((nq, k), np.nan) if measuring else None  # no result to need
                 empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
                 return replace(empty, needed=none)
             bits, n_match = self.items.selection(req.filter)
-            nprobe = req.list_nos.shape[1]
-            scanned = nq * nprobe
-            needed, bucket = None, 0
-            if req.greedy:
-                dist, labels, per_query = part.search_greedy(req.queries, k, nprobe, bits)
-                scanned = int(per_query.sum())
-            elif req.probe_first > 0 and req.version == self.version:
-                slack, base, bucket = probe_slack(
-                    req.probe_slack, req.probe_scale, n_match / max(1, len(self.items))
-                )
-                if req.measure:  # exact, and the scale each result needs (engine._measure)
-                    coarse, list_nos = part.assign(req.queries, part.nlist)
-                    dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
-                    needed = part.slack_needed(
-                        req.queries, k, list_nos, coarse, bits, req.probe_first, labels
-                    ) / max(base, 1e-12)
-                    scanned = nq * part.nlist
-                else:
-                    dist, labels, per_query = part.search_adaptive(
-                        req.queries, k, req.list_nos, req.coarse_dis, bits, req.probe_first, slack
-                    )
-                    scanned = int(per_query.sum())
-            else:
-                list_nos, coarse = req.list_nos, req.coarse_dis
-                if req.version != self.version:
-                    # The gateway planned with another training version (a swap is under
-                    # way or its view is stale): assign locally, with this version's probes.
-                    nprobe = req.n_probes or auto_nprobe(self.nprobe_table, part.nlist, k)
-                    coarse, list_nos = part.assign(req.queries, nprobe)
-                    scanned = nq * min(nprobe, part.nlist)
-                dist, labels = part.search(req.queries, k, list_nos, coarse, bits)
+            scope = search.Scope(self.version, self.nprobe_table, n_match / max(1, len(self.items)))
+            found = search.strategy_for(req, self.version)(part, req, bits, scope)
+            dist, labels = found.distances, found.labels
             dist[labels < 0] = np.inf
             ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
-            return SearchResult(dist, ids, meta, self.version, scanned, needed, bucket, n_match)
+            return SearchResult(
+                dist, ids, meta, self.version, found.scanned, found.needed, found.bucket, n_match
+            )
 
     def get(
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool

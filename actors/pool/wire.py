@@ -29,7 +29,7 @@ import ray
 from ray import ObjectRef
 
 from actors.engine.strings import StringBlock
-from actors.types import Fetched, SearchRequest, SearchResult, UpsertBatch
+from actors.types import Fetched, Probing, SearchRequest, SearchResult, UpsertBatch
 
 B = TypeVar("B", bytes, np.ndarray)
 
@@ -79,6 +79,9 @@ def pack(obj: SearchRequest | SearchResult | Fetched) -> bytes:
             elif kind is StringBlock:
                 kinds.append(_STRINGS)
                 values.append((_array(value.blob), _array(value.lens)))
+            elif kind is Probing:  # its fields, not the dataclass (a class path to pickle)
+                kinds.append(_PROBING)
+                values.append(dataclasses.astuple(value))
             else:
                 kinds.append(_PLAIN)
                 values.append(value)
@@ -97,7 +100,7 @@ def unpack_result(blob: bytes) -> SearchResult:
 _FIELDS = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (SearchRequest, SearchResult)
 }
-_PLAIN, _ARRAY, _OBJECTS, _STRINGS = range(4)
+_PLAIN, _ARRAY, _OBJECTS, _STRINGS, _PROBING = range(5)
 P = TypeVar("P", SearchRequest, SearchResult)
 
 
@@ -126,8 +129,10 @@ def _unpack(blob: bytes, cls: type[P]) -> P:
         elif kind == _OBJECTS:
             shape, items = value
             args.append(np.fromiter(items, dtype=object, count=len(items)).reshape(shape))
-        else:
+        elif kind == _STRINGS:
             args.append(StringBlock(_unarray(value[0]), _unarray(value[1])))
+        else:
+            args.append(Probing(*value))
     return cls(*args)
 
 

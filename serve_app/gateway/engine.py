@@ -34,6 +34,7 @@ from actors.types import (
     IndexConfig,
     IndexMeta,
     PoolStats,
+    Probing,
     SearchRequest,
     SearchResult,
     ShardStats,
@@ -111,18 +112,6 @@ class Query:
     filter: FilterNode | None = None
     greedy: bool = False
     with_metadata: bool = True
-
-
-class Probing(NamedTuple):
-    """Automatic probing's parameters for a request (SearchRequest.probe_*)."""
-
-    first: int
-    slacks: tuple[float, float]
-    scales: tuple[float, ...]
-    measure: bool = False
-
-
-NO_PROBING = Probing(0, (0.0, 0.0), (1.0, 1.0, 1.0))
 
 
 class StaleIndex(Unavailable):
@@ -311,7 +300,7 @@ class Engine:
         """Top-k of a batch of queries ``x`` (nq, d), in index space.
 
         An explicit ``q.n_probes`` scans exactly that many lists per query, ``q.greedy`` probes
-        until its bound stops it; otherwise automatic probing (PartitionIndex.search_adaptive)
+        until its bound stops it; otherwise automatic probing (actors.engine.search.adaptive)
         chooses per query, with the calibrated slack times this replica's probing scale, and a
         share of the queries is measured against the exact answer (:meth:`_measure`)."""
         cfg = cv.config
@@ -319,10 +308,12 @@ class Engine:
         if not (q.n_probes or q.greedy) and cv.quantizer is not None:
             auto = cfg.auto_probing(q.top_k)
         if auto is None:
-            return await self._search(cv, x, q, q.n_probes or cfg.auto_nprobe(q.top_k))
+            nprobe = q.n_probes or cfg.auto_nprobe(q.top_k)
+            given = GREEDY if q.greedy else Probing("fixed", n_probes=q.n_probes)
+            return await self._search(cv, x, q, nprobe, given)
         state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
         first, slacks = auto
-        probing = Probing(first, slacks, state.scales)
+        probing = Probing("adaptive", first=first, slacks=slacks, scales=state.scales)
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
@@ -381,7 +372,7 @@ class Engine:
             cfg = cv.config
             # The shards search every list themselves: the plan sent is one list wide.
             exact = await self._search(
-                cv, x, replace(q, with_metadata=False), 1, probing._replace(measure=True)
+                cv, x, replace(q, with_metadata=False), 1, replace(probing, mode="measure")
             )
             assert exact.needed is not None
             state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
@@ -399,38 +390,26 @@ class Engine:
         x: np.ndarray,
         q: Query,
         nprobe: int,
-        probing: Probing | None = None,
+        probing: Probing,
+        merge_parts: Merge | None = None,
     ) -> Hits:
-        """One fan-out of ``x`` planned ``nprobe`` lists wide (automatic probing: ``probing``
-        says how far each shard goes), widened for the queries whose probed lists ran dry."""
+        """One fan-out of ``x`` planned ``nprobe`` lists wide (``probing`` says how each shard
+        goes on from there: actors.engine.search), its parts merged by ``merge_parts``, widened
+        for the queries whose probed lists ran dry (default: :data:`top_k`)."""
+        merge_parts = merge_parts or top_k
         cfg, k = cv.config, q.top_k
         n_lists = cfg.n_lists if cv.quantizer is not None else 1
         nprobe = max(1, min(nprobe, n_lists))
         t = stages.now()
         lists, coarse = self.plan(cv, x, nprobe)
         t = stages.lap("plan", t)
-        p = probing or NO_PROBING
-        req = SearchRequest(
-            x,
-            k,
-            cfg.version,
-            lists,
-            coarse,
-            q.filter,
-            q.greedy and probing is None,
-            q.with_metadata,
-            q.n_probes if probing is None else 0,
-            p.first,
-            p.slacks,
-            p.scales,
-            p.measure,
-        )
+        req = SearchRequest(x, k, cfg.version, lists, coarse, q.filter, q.with_metadata, probing)
         search = ShardClient.searching(cv.key, req, len(cv.shards))
         parts: list[SearchResult] = await self.fan_out(
             cv, [(s, search) for s in range(len(cv.shards))]
         )
         t = stages.lap("search", t)
-        hits = merge(parts, k, q.with_metadata)
+        hits = merge_parts(parts, k, q.with_metadata)
         stages.lap("merge", t)
         # A shard on another training version assigned lists itself (results stay right);
         # refresh the view so the next plans use the new quantizer.
@@ -441,9 +420,9 @@ class Engine:
         need = min(k, sum(p.matched for p in parts))
         short = np.flatnonzero(hits.counts < need)
         n_lists = cv.config.n_lists if cv.quantizer is not None else 1
-        if len(short) == 0 or req.greedy or nprobe >= n_lists or (probing and probing.measure):
+        if len(short) == 0 or probing.mode in ("greedy", "measure") or nprobe >= n_lists:
             return hits
-        sub = await self._search(cv, x[short], q, min(n_lists, nprobe * 4), probing)
+        sub = await self._search(cv, x[short], q, min(n_lists, nprobe * 4), probing, merge_parts)
         return patch(hits, short, sub)
 
     async def upsert_batches(
@@ -618,6 +597,13 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
     scanned = sum(p.lists_scanned for p in parts) / len(parts)
     bucket = max(p.bucket for p in parts)
     return Hits(d, ids, meta, counts, scanned, needed, bucket)
+
+
+# How the per-shard parts of a search become one answer: the distances' top-k today (a rank
+# fusion of two scorers' answers would be another).
+Merge = Callable[[list[SearchResult], int, bool], Hits]
+top_k: Merge = merge
+GREEDY = Probing("greedy")
 
 
 def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:

@@ -13,7 +13,7 @@ import pytest
 from actors.engine.filters import parse_filter
 from actors.engine.strings import StringBlock
 from actors.pool.wire import frame, pack, unframe, unpack_request, unpack_result
-from actors.types import SearchRequest, SearchResult
+from actors.types import Probing, SearchRequest, SearchResult
 
 
 def assert_same(got: Any, want: Any) -> None:
@@ -53,13 +53,8 @@ def test_a_search_request_comes_back_field_for_field(nq: int) -> None:
         rng.integers(-1, 50, (nq, 12)),
         rng.random((nq, 12), dtype=np.float32),
         parse_filter({"tag": {"$in": ["a", "b"]}, "n": {"$gte": 2}}),
-        True,
         False,
-        4,
-        3,
-        (0.25, 0.5),
-        (1.0, 1.5, 2.0),
-        True,
+        Probing("measure", 4, 3, (0.25, 0.5), (1.0, 1.5, 2.0)),
     )
     assert_no_defaults(req)
     assert_same(unpack_request(pack(req)), req)

@@ -15,11 +15,11 @@ from actors.engine.ivf import (
     MAX_NORM,
     PartitionIndex,
     locality_order,
-    merge_topk,
     principal_rank,
     serialize,
     too_large,
 )
+from actors.engine.search import merge_topk
 from tests.helpers import clustered
 
 N_LISTS = 48

@@ -1,4 +1,4 @@
-"""Automatic probing: the per-query rule (PartitionIndex.search_adaptive), what each result needs
+"""Automatic probing: the per-query rule (actors.engine.search.adaptive), what each result needs
 of it (slack_needed), its calibration, the gateway's live recall estimate and scales, and the
 engine around them with real shards in-process (no Ray)."""
 
@@ -20,13 +20,16 @@ from actors.control.training import (
     smallest_scale,
     train_template,
 )
+from actors.engine import search
 from actors.engine.filters import parse_filter
-from actors.engine.ivf import PartitionIndex, merge_topk, serialize
+from actors.engine.ivf import PartitionIndex, serialize
+from actors.engine.search import merge_topk
 from actors.engine.shard import Shard
 from actors.pool import wire
 from actors.types import (
     IndexConfig,
     IndexMeta,
+    Probing,
     SearchRequest,
     SearchResult,
     UpsertBatch,
@@ -89,7 +92,7 @@ def test_unbounded_slack_is_exact_even_from_a_one_list_plan(
     part, x, q = data["part"], data["x"], data["q"]
     mask = data["mask"] if filtered else None
     dis, lists = part.assign(q, 1)  # the rule assigns the lists it needs beyond the plan
-    _, labels, scanned = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 1, 1e9)
+    _, labels, scanned = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 1, 1e9)
     assert recall(labels, exact(x, q, 10, mask)) == 1.0
     # Every list once, plus the first passes of the plans that proved too short.
     assert (scanned <= 2 * 64).all() and scanned.mean() > 1
@@ -98,12 +101,12 @@ def test_unbounded_slack_is_exact_even_from_a_one_list_plan(
 def test_zero_slack_scans_the_first_lists_or_until_k_matches(data: dict[str, Any]) -> None:
     part, _x, q, mask = data["part"], data["x"], data["q"], data["mask"]
     dis, lists = part.assign(q, 40)
-    _d, labels, scanned = part.search_adaptive(q, 10, lists, dis, None, 3, 0.0)
+    _d, labels, scanned = search.adaptive(part, q, 10, lists, dis, None, 3, 0.0)
     _ref_d, ref_l = part.search(q, 10, lists[:, :3], dis[:, :3], None)
     np.testing.assert_array_equal(labels, ref_l)
     assert (scanned == 3).all()
     # A 5% filter: the first pass goes on until its lists hold 10 matches, so 10 come back.
-    _, labels, scanned = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 3, 0.0)
+    _, labels, scanned = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 3, 0.0)
     assert (labels >= 0).all() and mask[labels].all()
     assert scanned.mean() > 3
 
@@ -114,10 +117,10 @@ def test_slack_needed_predicts_recall_exactly(data: dict[str, Any], filtered: bo
     mask = data["mask"] if filtered else None
     truth = exact(x, q, 10, mask)
     dis_all, lists_all = part.assign(q, part.nlist)
-    needed = part.slack_needed(q, 10, lists_all, dis_all, bits_of(mask), 4, truth)
+    needed = search.slack_needed(part, q, 10, lists_all, dis_all, bits_of(mask), 4, truth)
     dis, lists = part.assign(q, 24)
     for slack in (0.05, 0.2, 0.5, 1.0):
-        _, labels, _ = part.search_adaptive(q, 10, lists, dis, bits_of(mask), 4, slack)
+        _, labels, _ = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 4, slack)
         assert recall(labels, truth) == pytest.approx(np.mean(needed < slack))
 
 
@@ -136,10 +139,10 @@ def test_a_single_query_is_answered_as_in_a_batch_bit_for_bit(
     bits = bits_of(data["mask"] if filtered else None)
     dis, lists = part.assign(q, width)
     lists[::4, 1] = -1  # lists a plan skips
-    batch = part.search_adaptive(q, k, lists, dis, bits, first, slack)
+    batch = search.adaptive(part, q, k, lists, dis, bits, first, slack)
     for i in range(len(q)):
-        one = part.search_adaptive(
-            q[i : i + 1], k, lists[i : i + 1], dis[i : i + 1], bits, first, slack
+        one = search.adaptive(
+            part, q[i : i + 1], k, lists[i : i + 1], dis[i : i + 1], bits, first, slack
         )
         for got, want in zip(one, batch):
             np.testing.assert_array_equal(got[0], want[i])
@@ -168,7 +171,7 @@ def test_calibrated_probing_reaches_target_on_fresh_queries() -> None:
     part.add(np.arange(len(base), dtype=np.int64), base)
     _, first, slack, _ = table[1]
     dis, lists = part.assign(fresh, 4 * first + 8)
-    _, labels, scanned = part.search_adaptive(fresh, 10, lists, dis, None, first, slack)
+    _, labels, scanned = search.adaptive(part, fresh, 10, lists, dis, None, first, slack)
     assert recall(labels, exact(base, fresh, 10)) >= 0.93
     assert scanned.mean() < 100
 
@@ -331,7 +334,7 @@ def test_explicit_n_probes_scans_exactly_those_lists_as_before(engine_index: Any
     q = blobs(20, 16, seed=9)
     hits = asyncio.run(engine.search(cv, q, Query(10, 5, with_metadata=False)))
     req = handles[0].requests[-1]
-    assert req.list_nos.shape == (20, 5) and req.probe_first == 0 and not req.measure
+    assert req.list_nos.shape == (20, 5) and req.probing.mode == "fixed"
     assert hits.lists_scanned == 20 * 5
     reference = faiss.clone_index(template)
     reference.add(x)
@@ -355,8 +358,8 @@ def test_automatic_probing_is_counted_measured_and_reported(engine_index: Any) -
 
     hits = asyncio.run(run())
     req = handles[0].requests[0]
-    assert req.probe_first > 0 and req.probe_slack[0] > 0 and not req.measure
-    assert handles[0].requests[-1].measure
+    assert req.probing.mode == "adaptive" and req.probing.first > 0 and req.probing.slacks[0] > 0
+    assert handles[0].requests[-1].probing.mode == "measure"
     state = engine.monitor.peek("pid", 1)
     assert state is not None and state.queries == 8 and state.sampled == 8
     report = state.report()
@@ -373,7 +376,8 @@ def test_sharded_adaptive_equals_merging_the_partitions(engine_index: Any) -> No
     q = blobs(30, 16, seed=12)
     first, slacks = cv.config.auto_probing(10) or (0, (0.0, 0.0))
     coarse, lists = cv.quantizer.search(q, 4 * first + 8)
-    req = SearchRequest(q, 10, 1, lists, coarse, None, False, False, 0, first, slacks)
+    probing = Probing("adaptive", first=first, slacks=slacks)
+    req = SearchRequest(q, 10, 1, lists, coarse, None, False, probing)
     parts = [h.shard.search(KEY, req) for h in handles]
     hits = asyncio.run(engine.search(cv, q, Query(10, with_metadata=False)))
     assert hits.ids.tolist() == merge(parts, 10, False).ids.tolist()
@@ -386,7 +390,8 @@ def test_an_empty_shard_answers_a_measure_request_with_no_needs(tmp_path) -> Non
     shard = Shard(f"file://{tmp_path}", "e", "eid", 0)
     q = blobs(3, 16, seed=1)
     lists, coarse = np.zeros((3, 1), dtype=np.int64), np.zeros((3, 1), dtype=np.float32)
-    req = SearchRequest(q, 5, 0, lists, coarse, None, False, False, 0, 2, (0.3, 0.5), measure=True)
+    probing = Probing("measure", first=2, slacks=(0.3, 0.5))
+    req = SearchRequest(q, 5, 0, lists, coarse, None, False, probing)
     result = shard.search(KEY, req)
     n_match = result.matched
     assert n_match == 0 and result.needed is not None and np.isnan(result.needed).all()

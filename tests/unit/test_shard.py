@@ -16,7 +16,7 @@ from actors.engine.ivf import serialize
 from actors.engine.shard import Shard
 from actors.errors import DecryptError, IndexRetired, InvalidRequest
 from actors.storage import StoreError
-from actors.types import SearchRequest, UpsertBatch
+from actors.types import Probing, SearchRequest, UpsertBatch
 from tests.helpers import clustered, exact_knn
 
 KEY = bytes(range(32))
@@ -133,7 +133,7 @@ def test_greedy_finds_exact_neighbours(tmp_path: Path) -> None:
     shard, template = trained_shard(tmp_path, x)
     q = clustered(50, 16, n_clusters=30, seed=5)
     coarse, lists = template.quantizer.search(q, 1)
-    res = shard.search(KEY, SearchRequest(q, 10, 1, lists, coarse, greedy=True))
+    res = shard.search(KEY, SearchRequest(q, 10, 1, lists, coarse, probing=Probing("greedy")))
     assert res.ids.tolist() == exact_ids(x, q, 10)
     plain = shard.search(KEY, SearchRequest(q, 10, 1, lists, coarse))
     assert plain.ids.tolist() != exact_ids(x, q, 10)  # one probe alone is not exact here
