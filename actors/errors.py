@@ -41,6 +41,11 @@ class Unauthorized(VaultvecError):
     default_detail = "invalid or missing credentials"
 
 
+class Forbidden(VaultvecError):
+    status_code = 403
+    default_detail = "these credentials may not do that"
+
+
 class IndexNotFound(VaultvecError):
     status_code = 404
     default_detail = "index not found"

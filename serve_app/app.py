@@ -17,16 +17,17 @@ from actors.control.plane import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.pool import channel
 from actors.process import heap
 from actors.process.cpus import node_cpus
-from serve_app import __version__, audit, replica_grpc
+from serve_app import __version__, audit, replica, replica_grpc
 from serve_app import telemetry as metrics
 from serve_app.embedder import Embedder, deployment_options
 from serve_app.gateway.engine import Engine
 from serve_app.http import docs, errors
-from serve_app.http.models import ErrorResponse
-from serve_app.http.plumbing import ApiKeyGate, DirectRoutes, configure_replica, counted_call
+from serve_app.http.direct import DirectRoutes
+from serve_app.http.gate import ApiKeyGate
+from serve_app.http.trim import counted_call
+from serve_app.models import ErrorResponse
 from serve_app.routes import batches as array_routes
-from serve_app.routes import indexes, service, vectors
-from serve_app.service import matrices as arrays
+from serve_app.routes import indexes, ray_transport, service, vectors
 from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.app")
@@ -142,7 +143,7 @@ class Gateway:
         )
         channel.CHANNELS.enable(s.local_channel)  # same-node shard calls off Ray's path
         # DeploymentHandle of the Embedder (text -> vectors)
-        configure_replica(s, engine, embedder)
+        replica.configure(s, engine, embedder)
         audit.configure(s.audit_target(), s.audit_log_max_bytes, s.audit_log_backups)
         metrics.start_reporting(engine)  # this replica's series to Ray and the control plane
         # Ray caps OMP threads at the replica's (fractional) CPUs; the coarse quantizer of a
@@ -166,7 +167,7 @@ class Gateway:
         """Top-k of a (nq, d) float32 matrix, compact: see serve_app.service.matrices.handle_query."""
         with counted_call(getattr(queries, "nbytes", 0)):
             async with audit.call("ray:query_arrays"):
-                return await arrays.handle_query(
+                return await ray_transport.handle_query(
                     index_name, index_key, queries, top_k, n_probes, filters, greedy, include
                 )
 
@@ -182,7 +183,7 @@ class Gateway:
         """Upsert rows of a (n, d) float32 matrix under ``ids``; returns the count."""
         with counted_call(getattr(vectors, "nbytes", 0)):
             async with audit.call("ray:upsert_arrays"):
-                return await arrays.handle_upsert(
+                return await ray_transport.handle_upsert(
                     index_name, index_key, ids, vectors, metadata, contents
                 )
 

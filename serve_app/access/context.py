@@ -18,6 +18,7 @@ class RequestContext:
     client: str  # the client's address (serve_app.audit.client_address)
     key: str | None = None  # the API key's name (serve_app.access.keys), once the gate matched one
     limits: Any = None  # that key's serve_app.settings.Limits
+    rights: Any = None  # what it may do (serve_app.access.rights.Right); None: everything
     index: str | None = None  # the index the request unlocked
     items: int | None = None  # items, queries or ids it carried or answered
 

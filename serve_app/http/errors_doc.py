@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_app.http.models import ErrorResponse
+from serve_app.models import ErrorResponse
 
 
 def _doc(text: str) -> dict[str, Any]:

@@ -15,12 +15,14 @@ and /v1/vectors/upsert.
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from serve_app import telemetry as metrics
+from serve_app.http.bodies import JSON, Route
 from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
-from serve_app.http.models import (
+from serve_app.http.gate import require_api_key
+from serve_app.models import (
     ArraysQueryRequest,
     ArraysQueryResponse,
     ArraysUpsertRequest,
@@ -29,9 +31,10 @@ from serve_app.http.models import (
     QueryResponse,
     UpsertResponse,
 )
-from serve_app.http.plumbing import JSON, Route, engine_of, require_api_key, settings_of
+from serve_app.replica import services
 from serve_app.service import matrices as arrays
 from serve_app.service import queries as service
+from serve_app.service import upserts
 from serve_app.service.params import COMPACT_INCLUDE, QueryParams, UpsertArgs, UpsertRows
 
 router = APIRouter(
@@ -47,33 +50,33 @@ def upserted(n: int) -> JSON:
 
 
 @router.post("/upsert_binary", response_model=UpsertResponse)
-async def upsert_binary(body: BinaryUpsertRequest, request: Request) -> JSON:
+async def upsert_binary(body: BinaryUpsertRequest) -> JSON:
     """Upsert; ``batch.vectors_b64`` is base64 of an (n, dimension) little-endian float32
     matrix, one row per id. Empty contents ("") mean none, as CyborgDB's clients send them."""
     b = body.batch
     x = arrays.decode_rows(b.vectors_b64, len(b.ids), b.dimension, "batch.vectors_b64")
     contents = None if b.contents is None else [c or None for c in b.contents]
     cols = UpsertArgs(body.index_name, body.index_key, b.ids, b.metadata, contents)
-    rows = UpsertRows.of_columns(cols, x, settings_of(request))
-    return upserted(await service.upsert(engine_of(request), rows))
+    rows = UpsertRows.of_columns(cols, x, services().settings)
+    return upserted(await upserts.upsert(services().engine, rows))
 
 
 @router.post("/query_binary", response_model=QueryResponse)
-async def query_binary(body: BinaryQueryRequest, request: Request) -> Response:
+async def query_binary(body: BinaryQueryRequest) -> Response:
     """Batch query; ``batch.vectors_b64`` is base64 of an (nq, dimension) little-endian float32
     matrix. The answer is /v1/vectors/query's for a list of vectors: a result list per row."""
     x = arrays.decode_rows(body.batch.vectors_b64, None, body.batch.dimension, "batch.vectors_b64")
-    params = QueryParams.of(body, settings_of(request))
-    answer = await service.query_json(engine_of(request), params, x, False)
+    params = QueryParams.of(body, services().settings)
+    answer = await service.query_json(services().engine, params, x, False)
     return Response(answer, media_type="application/json")
 
 
 @router.post("/query_arrays", response_model=ArraysQueryResponse)
-async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
+async def query_arrays(body: ArraysQueryRequest) -> JSON:
     """Batch query; ``query_vectors`` is base64 of a (nq, d) little-endian float32 matrix."""
     x = arrays.decode_matrix(body.query_vectors, body.shape, "query_vectors")
-    params = QueryParams.of(body, settings_of(request), COMPACT_INCLUDE)
-    hits = await service.query_arrays(engine_of(request), params, x)
+    params = QueryParams.of(body, services().settings, COMPACT_INCLUDE)
+    hits = await service.query_arrays(services().engine, params, x)
     t = metrics.now()
     ids, metadata = service.flat_results(hits)
     out = {
@@ -92,8 +95,8 @@ async def query_arrays(body: ArraysQueryRequest, request: Request) -> JSON:
 
 
 @router.post("/upsert_arrays", response_model=UpsertResponse)
-async def upsert_arrays(body: ArraysUpsertRequest, request: Request) -> JSON:
+async def upsert_arrays(body: ArraysUpsertRequest) -> JSON:
     """Upsert; ``vectors`` is base64 of a (n, d) little-endian float32 matrix, one row per id."""
     x = arrays.decode_matrix(body.vectors, body.shape, "vectors")
-    rows = UpsertRows.of_columns(body, x, settings_of(request))
-    return upserted(await service.upsert(engine_of(request), rows))
+    rows = UpsertRows.of_columns(body, x, services().settings)
+    return upserted(await upserts.upsert(services().engine, rows))

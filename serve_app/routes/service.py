@@ -10,14 +10,15 @@ routes and metrics last (serve_app.app, the routes' order).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from serve_app import __version__
 from serve_app import telemetry as metrics
-from serve_app.http.models import HealthResponse
-from serve_app.http.plumbing import JSON, Route, engine_of, settings_of
+from serve_app.http.bodies import JSON, Route
+from serve_app.models import HealthResponse
+from serve_app.replica import services
 
 health_router = APIRouter(route_class=Route)
 router = APIRouter(route_class=Route)
@@ -30,8 +31,9 @@ async def health() -> JSON:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def service_metrics(request: Request) -> Response:
-    engine, settings = engine_of(request), settings_of(request)
+async def service_metrics() -> Response:
+    svc = services()
+    engine, settings = svc.engine, svc.settings
     own = metrics.REGISTRY.snapshot()
     report = await engine.control.service_metrics(metrics.replica_id(), own)
     text = metrics.render(report, own, settings.metrics_index_labels)

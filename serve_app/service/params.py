@@ -18,7 +18,7 @@ from actors.engine.filters import FilterNode, parse_filter
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
 from serve_app.gateway.engine import Query
-from serve_app.http.models import UpsertRequest
+from serve_app.models import UpsertRequest
 
 DEFAULT_TOP_K = 100
 DEFAULT_QUERY_INCLUDE = ("distance", "metadata")

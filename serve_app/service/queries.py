@@ -1,10 +1,9 @@
-"""What a query and an upsert do, whatever the transport (JSON routes, base64 matrix routes, the
-Ray transport, text queries).
+"""What a query does, whatever the transport (JSON routes, base64 matrix routes, the Ray
+transport, text queries).
 
 A transport decodes its wire format into numpy arrays and builds one serve_app.service.params
-QueryParams or UpsertRows; these functions unlock the index, check the vectors against it, run
-the engine and shape the answer: the JSON answer ``{"results": ...}`` or the compact one
-(:class:`ArrayHits`).
+QueryParams; these functions unlock the index, check the vectors against it, run the engine and
+shape the answer: the JSON answer ``{"results": ...}`` or the compact one (:class:`ArrayHits`).
 """
 
 from __future__ import annotations
@@ -17,12 +16,20 @@ import orjson
 
 from actors.engine.strings import StringBlock
 from actors.errors import InvalidRequest
-from actors.types import UpsertBatch
-from serve_app.access import context
+from serve_app.access import context, rights
+from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine, Hits
+from serve_app.models import QueryRequest
 from serve_app.service import text
-from serve_app.service.checks import check_dimension, check_norms, to_api_distance, to_index_space
-from serve_app.service.params import Fields, QueryParams, UpsertRows, distinct, unique_ids
+from serve_app.service.checks import (
+    as_matrix,
+    check_dimension,
+    check_norms,
+    to_api_distance,
+    to_index_space,
+)
+from serve_app.service.deps import Services
+from serve_app.service.params import Fields, QueryParams, distinct
 from serve_app.service.results import filled, results_json, shape_results
 from serve_app.telemetry import lap, now, started
 
@@ -57,8 +64,20 @@ async def unlock(engine: Engine, name: str, key: str) -> CachedView:
 
 
 # -- the JSON answer (/v1/vectors/query, /v1/vectors/query_binary) --------------------------
+async def answer(svc: Services, body: QueryRequest) -> bytes:
+    """The JSON answer to a validated query body: vectors (one, or a batch) or a text."""
+    if (body.query_vectors is None) == (body.query_contents is None):
+        raise InvalidRequest("give exactly one of query_vectors and query_contents")
+    params = QueryParams.of(body, svc.settings)
+    if body.query_contents is not None:  # text query: one embedding, flat results
+        return await query_text_json(svc.engine, svc.embedder, params, body.query_contents)
+    x, single = as_matrix(body.query_vectors, "query_vectors")
+    return await query_json(svc.engine, params, x, single)
+
+
 async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
     """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
+    rights.require(Right.READ)
     context.note(items=len(x))
     cv = await unlock(engine, params.index_name, params.index_key)
     return await json_answer(engine, cv, params, x, single)
@@ -68,6 +87,7 @@ async def query_text_json(
     engine: Engine, embedder: Any, params: QueryParams, query_text: str
 ) -> bytes:
     """The JSON answer to a text query, embedded with the index's model: one flat list."""
+    rights.require(Right.READ)
     context.note(items=1)
     cv = await unlock(engine, params.index_name, params.index_key)
     model = text.index_model(cv.config, "query_contents")
@@ -127,6 +147,7 @@ class ArrayHits:
 
 async def query_arrays(engine: Engine, params: QueryParams, x: np.ndarray) -> ArrayHits:
     """Top-k for the (nq, d) float32 matrix ``x`` (already finite and 2-D)."""
+    rights.require(Right.READ)
     context.note(items=len(x))
     cv = await unlock(engine, params.index_name, params.index_key)
     hits = await query(engine, cv, params, x)
@@ -155,77 +176,3 @@ def flat_results(hits: ArrayHits) -> tuple[bytes, list[Any] | None]:
     if meta is not None:  # as the JSON route: an item without metadata has null
         meta = [None if m is None else orjson.Fragment(m) for m in meta]
     return ids, meta
-
-
-# -- upsert --------------------------------------------------------------------------------
-async def upsert(engine: Engine, rows: UpsertRows, embedder: Any = None) -> int:
-    """Store ``rows``; returns the number upserted. JSON items without a vector are embedded
-    from their contents with the index's model (one call through ``embedder``)."""
-    cv = await unlock(engine, rows.index_name, rows.index_key)
-    x = rows.vectors
-    if not isinstance(x, np.ndarray):
-        x = await text.item_vectors(embedder, cv.config, rows)
-    return await store(engine, cv, rows, x)
-
-
-async def store(engine: Engine, cv: CachedView, rows: UpsertRows, x: np.ndarray) -> int:
-    """Store ``rows`` with their vectors ``x`` (n, d)."""
-    t = now()
-    ids = rows.ids
-    context.note(items=len(ids))
-    unique_ids(ids, "items ids")
-    await check_items_quota(engine, cv, ids)
-    cv = await fix_dimension(engine, cv, x.shape[1])
-    cfg = cv.config
-    check_dimension(x, cfg.dimension, rows.field)
-    check_norms(x, rows.field, ids)
-    x, norms = to_index_space(x, cfg.metric, rows.field)
-
-    def batch(at: np.ndarray) -> UpsertBatch:
-        r = at.tolist()
-        return UpsertBatch(
-            ids=tuple(ids[i] for i in r),
-            vectors=x[at],
-            norms=None if norms is None else norms[at],
-            metadata=tuple(rows.metadata[i] for i in r),
-            contents=tuple(rows.contents[i] for i in r),
-        )
-
-    t = lap("parse", t)
-    total = await engine.upsert_batches(cv, ids, batch)
-    if total < 0:
-        total, _ = await engine.count(cv)
-    engine.control.maybe_autotrain(cfg.name, cv.key, total)
-    lap("write", t)
-    return len(ids)
-
-
-async def check_items_quota(engine: Engine, cv: CachedView, ids: list[str]) -> None:
-    """Refuse an upsert that would grow the index past its API key's ``max_items_per_index``:
-    the items it holds now and the ids it does not hold yet (only looked up when the plain sum
-    is over the limit). Upserts under way together may each pass: the index can end up over the
-    limit by what they carry at most."""
-    ctx = context.current()
-    limit = ctx.limits.max_items_per_index if ctx is not None and ctx.limits else 0
-    if not limit:
-        return
-    held, _ = await engine.count(cv)
-    if held + len(ids) <= limit:
-        return
-    new = len(ids) - len(await engine.fetch(cv, ids, False, False, False))
-    if held + new > limit:
-        raise InvalidRequest(
-            f"API key {ctx.key!r} may grow an index to {limit} items (max_items_per_index): "  # type: ignore[union-attr]
-            f"{cv.config.name!r} holds {held}, this upsert adds {new}"
-        )
-
-
-async def fix_dimension(engine: Engine, cv: CachedView, dimension: int) -> CachedView:
-    """The view, with the dimension fixed to ``dimension`` if this is the first upsert."""
-    cfg = cv.config
-    if cfg.dimension is not None:
-        return cv
-    if cfg.index_type == "ivfpq" and cfg.pq_dim and dimension % cfg.pq_dim:
-        raise InvalidRequest(f"pq_dim {cfg.pq_dim} must divide the dimension {dimension}")
-    await engine.control.set_dimension(cfg.name, cv.key, dimension)
-    return await engine.reload(cv)

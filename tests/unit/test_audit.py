@@ -15,10 +15,9 @@ import orjson
 import pytest
 
 from actors.errors import IndexNotFound
-from serve_app import audit
+from serve_app import audit, replica
 from serve_app.access import context
 from serve_app.app import create_app
-from serve_app.http import plumbing as http
 from serve_app.settings import Settings
 
 
@@ -133,20 +132,20 @@ def test_the_app_records_each_request_once_with_no_secret(tmp_path: Path) -> Non
     """Through the real app: the key's name, the route, the status, the index named in the
     body — never the API key or the body's contents."""
     target = tmp_path / "audit.jsonl"
-    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
-    http.configure_replica(Settings(api_key=["alice:top-secret-key"]), NoIndexes())
     log = audit.configure(str(target), 1 << 20, 1)
     try:
-        app = create_app()
-        body = orjson.dumps({"index_name": "notes", "index_key": "ab" * 32, "ids": ["patient-1"]})
-        _call(app, "POST", "/v1/vectors/get", {"x-api-key": "top-secret-key"}, body)
-        _call(app, "POST", "/v1/vectors/get", {"x-api-key": "wrong"}, body)
-        _call(app, "GET", "/v1/health", {}, b"")
-        assert log is not None
-        log.flush()
+        with replica.configured(Settings(api_key=["alice:top-secret-key"]), NoIndexes()):
+            app = create_app()
+            body = orjson.dumps(
+                {"index_name": "notes", "index_key": "ab" * 32, "ids": ["patient-1"]}
+            )
+            _call(app, "POST", "/v1/vectors/get", {"x-api-key": "top-secret-key"}, body)
+            _call(app, "POST", "/v1/vectors/get", {"x-api-key": "wrong"}, body)
+            _call(app, "GET", "/v1/health", {}, b"")
+            assert log is not None
+            log.flush()
     finally:
         audit.configure(None, 0, 0)
-        http.configure_replica(*saved)
     got = lines(target)
     assert [(r["key"], r["route"], r["method"]) for r in got] == [
         ("alice", "/v1/vectors/get", "POST"),

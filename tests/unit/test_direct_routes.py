@@ -1,4 +1,4 @@
-"""serve_app.http.plumbing.DirectRoutes: a direct route answers a valid body with the route's own answer,
+"""serve_app.http.direct.DirectRoutes: a direct route answers a valid body with the route's own answer,
 its errors as the app's handlers answer them, and leaves every body that does not parse or
 validate to the app behind it, with the same bytes (so each such 422 is FastAPI's own)."""
 
@@ -15,8 +15,8 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from actors.errors import IndexNotFound
-from serve_app.http import plumbing as http
-from serve_app.http.plumbing import DirectRoutes
+from serve_app import replica
+from serve_app.http.direct import DirectRoutes
 from serve_app.settings import Settings
 
 
@@ -56,11 +56,9 @@ async def answer(body: Body) -> Response:
 
 @pytest.fixture()
 def direct() -> Iterator[tuple[DirectRoutes, Fallback]]:
-    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
-    http.configure_replica(Settings(api_key=["k"], max_body_bytes=1024), None)
-    fallback = Fallback()
-    yield DirectRoutes(fallback, {("POST", "/v1/x"): (Body, answer)}), fallback
-    http.configure_replica(*saved)
+    with replica.configured(Settings(api_key=["k"], max_body_bytes=1024)):
+        fallback = Fallback()
+        yield DirectRoutes(fallback, {("POST", "/v1/x"): (Body, answer)}), fallback
 
 
 def call(

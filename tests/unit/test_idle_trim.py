@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from actors.process.heap import IdleTrim
-from serve_app.http import plumbing as http
+from serve_app.http import trim as http
 
 MB = 1 << 20
 

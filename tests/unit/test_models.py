@@ -1,5 +1,5 @@
 """Request models: query vectors read by numpy are exactly what pydantic's strict validation
-accepts (serve_app.http.models.read_vectors), including where numpy alone would coerce."""
+accepts (serve_app.models.read_vectors), including where numpy alone would coerce."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.http.models import Matrix, QueryRequest, Vector
+from serve_app.models import Matrix, QueryRequest, Vector
 
 IDENT = {"index_name": "a", "index_key": "0" * 64}
 # The field's validation without the numpy reader: what every answer must agree with.

@@ -12,7 +12,7 @@ from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
 from serve_app.gateway.engine import Query
-from serve_app.http.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
+from serve_app.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
 from serve_app.service.params import (
     COMPACT_INCLUDE,
     QUERY_INCLUDE,

@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
+from serve_app import replica
 from serve_app.app import create_app
-from serve_app.http import plumbing as http
+from serve_app.http.gate import ApiKeyGate
 from serve_app.settings import Settings
 
 KEYS = ["first-key", "second-key"]
@@ -24,10 +25,8 @@ FORM = "application/x-www-form-urlencoded"
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
-    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
-    http.configure_replica(Settings(api_key=KEYS, max_body_bytes=1 << 20), None)
-    yield create_app()
-    http.configure_replica(*saved)
+    with replica.configured(Settings(api_key=KEYS, max_body_bytes=1 << 20)):
+        yield create_app()
 
 
 def call(
@@ -119,7 +118,7 @@ def test_post_that_is_not_json_is_415_without_reading_the_body(app, content_type
 
 
 def test_the_gate_checks_the_content_type_of_exactly_the_documented_bodies(app):
-    (gate,) = [m for m in app.user_middleware if m.cls is http.ApiKeyGate]
+    (gate,) = [m for m in app.user_middleware if m.cls is ApiKeyGate]
     documented = {
         (method.upper(), path)
         for path, operations in app.openapi()["paths"].items()
@@ -239,14 +238,12 @@ def test_a_key_over_its_rate_is_429_with_retry_after_while_another_is_served() -
     """A key's token bucket runs dry: 429, Retry-After in whole seconds, nothing of the body
     read; another key goes on; the health check is never limited."""
     clock = [1000.0]
-    saved = (http.REPLICA.settings, http.REPLICA.engine, http.REPLICA.embedder)
     settings = Settings(
         api_key=["alice:a-key", "bob:b-key"],
         quotas={"alice": {"rate_limit_rps": 0.5, "rate_limit_burst": 2}},
     )
-    http.configure_replica(settings, None)
-    http.REPLICA.limiter.clock = lambda: clock[0]
-    try:
+    with replica.configured(settings) as configured:
+        configured.limiter.clock = lambda: clock[0]
         app = create_app()
         alice, bob = {"x-api-key": "a-key"}, {"x-api-key": "b-key"}
         assert [call(app, "GET", "/v1/nope", alice)[0] for _ in range(2)] == [404, 404]
@@ -259,5 +256,3 @@ def test_a_key_over_its_rate_is_429_with_retry_after_while_another_is_served() -
         clock[0] += 2.0  # one token back
         assert call(app, "GET", "/v1/nope", alice)[0] == 404
         assert call(app, "GET", "/v1/nope", alice)[0] == 429
-    finally:
-        http.configure_replica(*saved)

@@ -1,0 +1,127 @@
+"""The request gate: the API key (its name noted, its rate enforced), then the JSON content
+type, checked from the headers before anything reads the body."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+from fastapi import Security
+from fastapi.security import APIKeyHeader
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serve_app import replica
+from serve_app.access import context, keys
+from serve_app.http.errors import error_response
+from serve_app.http.trim import tidied
+from serve_app.settings import Limits
+
+API_KEY_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="the service API key")
+
+
+async def require_api_key(given: str | None = Security(API_KEY_HEADER)) -> None:
+    """OpenAPI marker of the X-API-Key security scheme (SDK generators read it); checks nothing.
+
+    The key is checked by ``ApiKeyGate`` from the headers, before the body is read; a route
+    dependency runs only after FastAPI has read and parsed the whole body."""
+
+
+def over_rate(name: str, limits: Limits, wait: int) -> Response:
+    return error_response(
+        429,
+        f"API key {name!r} is over its rate of {limits.rate_limit_rps:g} requests/s "
+        f"(rate_limit_rps): retry after {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+_MEDIA_TYPE = re.compile(rb"[A-Za-z0-9!#$&^_.+-]{1,64}/[A-Za-z0-9!#$&^_.+-]{1,64}")
+
+
+def is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+def not_json_detail(content_type: bytes | None) -> str:
+    media = (content_type or b"").split(b";", 1)[0].strip()
+    if not media:
+        sent = "no Content-Type"
+    elif _MEDIA_TYPE.fullmatch(media):  # named back only when it is a plain type/subtype
+        sent = f"Content-Type {media.decode()}"
+    else:
+        sent = "an invalid Content-Type"
+    return f"request body must be JSON, got {sent}: send Content-Type: application/json"
+
+
+class ApiKeyGate:
+    """Pure ASGI middleware: the API key, then the JSON content type, from the headers alone.
+
+    Runs before any route, so a request with a missing or wrong X-API-Key is answered 401, and
+    then a body that is not ``application/json`` 415, without the app reading a byte of the
+    body (DESIGN §3). ``open_paths`` (GET /v1/health, the docs), paths under
+    ``open_prefixes`` and the paths of ``open_if`` whose setting (a Settings field name) is on
+    pass unchecked. The content type is checked only for ``json_routes``
+    ((method, path) of the routes that read a JSON body): any other request goes on to the
+    app's 404 or 405 (with Allow), whatever its body."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        open_paths: Collection[str] = (),
+        open_prefixes: tuple[str, ...] = (),
+        json_routes: Collection[tuple[str, str]] = (),
+        open_if: dict[str, str] | None = None,
+    ) -> None:
+        self.app = app
+        self.open_paths = frozenset(open_paths)
+        self.open_prefixes = open_prefixes
+        self.json_routes = frozenset(json_routes)
+        self.open_if = dict(open_if or {})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.is_open(scope):
+            await self.app(scope, receive, send)
+            return
+        given = content_type = None
+        for name, value in scope["headers"]:
+            if name == b"x-api-key" and given is None:
+                given = value
+            elif name == b"content-type" and content_type is None:
+                content_type = value
+        key = keys.match(given, replica.REPLICA.keys) if given else None
+        if not given:
+            refusal = error_response(401, "missing X-API-Key header")
+        elif key is None:
+            refusal = error_response(401, "invalid API key")
+        elif wait := replica.REPLICA.limiter.wait(key.name):
+            context.note(key=key.name)
+            refusal = over_rate(key.name, replica.REPLICA.limiter.limits(key.name), wait)
+        elif (scope["method"], self.path(scope)) in self.json_routes and not is_json(content_type):
+            context.note(key=key.name)
+            refusal = error_response(415, not_json_detail(content_type))
+        else:
+            context.note(key=key.name, limits=replica.REPLICA.limiter.limits(key.name))
+            await tidied(self.app, scope, receive, send)
+            return
+        await refusal(scope, receive, send)  # sends the answer only: never calls receive()
+
+    def is_open(self, scope: Scope) -> bool:
+        path = self.path(scope)
+        if path in self.open_paths or path.startswith(self.open_prefixes):
+            return True
+        setting = self.open_if.get(path)
+        return setting is not None and bool(getattr(replica.REPLICA.settings, setting, False))
+
+    @staticmethod
+    def path(scope: Scope) -> str:
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        return path

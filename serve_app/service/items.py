@@ -1,0 +1,103 @@
+"""The operations on an index's items besides queries and upserts: get, delete, list their ids,
+count them, and the metadata-only search (query_metadata)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from actors.engine.filters import parse_filter
+from actors.errors import InvalidRequest
+from serve_app.access import context, rights
+from serve_app.access.rights import Right
+from serve_app.gateway.engine import CachedView, Engine
+from serve_app.models import DeleteRequest, GetRequest, IndexRequest, QueryMetadataRequest
+from serve_app.service.deps import Services
+from serve_app.service.params import Limits, distinct, get_fields
+
+
+async def get(svc: Services, body: GetRequest) -> list[dict[str, Any]]:
+    """The stored items of ``body.ids`` (each once, unknown ones left out) in the order asked."""
+    rights.require(Right.READ)
+    Limits.of(svc.settings).check_ids(body.ids)
+    context.note(items=len(body.ids))
+    cv = await svc.engine.view(body.index_name, body.index_key)
+    return await fetch(svc.engine, cv, body.ids, body.include)
+
+
+async def fetch(
+    engine: Engine, cv: CachedView, ids: list[str], include: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    ids = distinct(ids)
+    context.note(items=len(ids))
+    if not ids:
+        return []
+    if any(not i for i in ids):
+        raise InvalidRequest("ids contains an empty id")
+    fields = get_fields(include, cv.config)
+    found = await engine.fetch(cv, ids, fields.vector, fields.metadata, fields.contents)
+    return [found[i] for i in ids if i in found]
+
+
+async def delete(svc: Services, body: DeleteRequest) -> int:
+    """Delete ``body.ids``; how many of them the index held."""
+    rights.require(Right.WRITE)
+    Limits.of(svc.settings).check_ids(body.ids)
+    context.note(items=len(body.ids))
+    cv = await svc.engine.view(body.index_name, body.index_key)
+    ids = distinct(body.ids)
+    context.note(items=len(ids))
+    if any(not i for i in ids):
+        raise InvalidRequest("ids contains an empty id")
+    return await svc.engine.delete(cv, ids)
+
+
+async def list_ids(svc: Services, body: IndexRequest) -> list[str]:
+    rights.require(Right.READ)
+    cv = await svc.engine.view(body.index_name, body.index_key)
+    ids = await svc.engine.list_ids(cv)
+    context.note(items=len(ids))
+    return ids
+
+
+async def count(svc: Services, body: IndexRequest) -> int:
+    rights.require(Right.READ)
+    cv = await svc.engine.view(body.index_name, body.index_key)
+    num, _ = await svc.engine.count(cv)
+    return num
+
+
+async def query_metadata(
+    svc: Services, body: QueryMetadataRequest
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Metadata-only search: (results, ids) of the items the filter matches (no vector), in
+    the order of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
+    get returns them."""
+    rights.require(Right.READ)
+    if body.text:
+        raise InvalidRequest("query_metadata: text (BM25 full-text search) is not supported")
+    order_by, ascending = sort_order(body.order_by, body.ascending)
+    engine = svc.engine
+    cv = await engine.view(body.index_name, body.index_key)
+    node = parse_filter(body.filters or None)
+    ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
+    context.note(items=len(ids))
+    if body.include:
+        results = await fetch(engine, cv, ids, body.include)
+    else:
+        results = [{"id": i} for i in ids]
+    return results, ids
+
+
+def sort_order(
+    order_by: str | dict[str, int] | None, ascending: bool | None
+) -> tuple[str | None, bool]:
+    """(field, ascending) of query_metadata's order_by: a name, or {name: 1 | -1}."""
+    if isinstance(order_by, dict):
+        if len(order_by) != 1 or next(iter(order_by.values())) not in (1, -1):
+            raise InvalidRequest('order_by must be a field name or {"field": 1 | -1}')
+        ((order_by, direction),) = order_by.items()
+        return order_by, direction == 1
+    if order_by is not None and not order_by:
+        raise InvalidRequest("order_by must name a metadata field")
+    return order_by, ascending is not False
