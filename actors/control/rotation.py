@@ -10,7 +10,7 @@ verifier; that put is the switch. A rotation from epoch e to n = e + 1:
 1. **Intent.** Blobs of any epoch but e (an aborted attempt's) are deleted, then the entry
    records the rotation (``rotation``: n's salt and verifier). From now on a partition that
    loads while its snapshot under n exists (it was prepared, then restarted) refuses writes
-   (:meth:`Shard._gate_write`): it no longer writes under both keys, and a write only e had
+   (:meth:`actors.engine.shard_keys.ShardKeys.gate_write`): it no longer writes under both keys, and a write only e had
    would be missing from n after the switch.
 2. **Partitions** (``begin_rotation``, on every partition at once). Under its write lock for the
    time of a capture, a partition takes a snapshot of its whole state and starts a new WAL

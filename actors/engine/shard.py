@@ -12,7 +12,6 @@ partitions of many indexes.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -24,18 +23,17 @@ from typing import Any
 import faiss
 import numpy as np
 
-from actors.control.rotation import NextKey
-from actors.engine import compaction, search
+from actors.engine import compaction, search, shard_state
 from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
-from actors.engine.ivf import MAX_NORM, PartitionIndex, serialize, too_large
+from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
 from actors.engine.rwlock import RWLock
+from actors.engine.shard_keys import KeyRotated, ShardKeys
 from actors.engine.strings import StringBlock
-from actors.errors import IndexRetired, InvalidRequest, Unauthorized, Unavailable
+from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
-from actors.storage import Store, codec, open_store, persistence
-from actors.storage.crypto import aad, open_sealed, seal
+from actors.storage import Store, open_store, persistence
 from actors.types import (
     Fetched,
     SearchRequest,
@@ -45,10 +43,6 @@ from actors.types import (
 )
 
 log = logging.getLogger("vaultvec.shard")
-
-# Memory per item beside its lists, metadata and contents (ids, id map, norms, liveness, list
-# map, filter columns), for Shard.resident_bytes.
-ROW_BYTES = 96
 
 # A shard tidies its memory once writes have paused this long (Shard._tidy_when_idle).
 TRIM_AFTER_WRITES_S = 1.0
@@ -89,7 +83,7 @@ class Shard:
 
     def _reset(self) -> None:
         self._sized: tuple[tuple[int, int, int], int] | None = None  # resident_bytes' cache
-        self._key: bytes | None = None
+        self.keys = ShardKeys()
         self.items = ItemTable()
         self.partition: PartitionIndex | None = None
         self.version = 0
@@ -99,11 +93,6 @@ class Shard:
         self._wal_records = 0
         self._wal_bytes = 0
         self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
-        # Key rotation (actors.control.rotation): the key epoch loaded, the next one while rotating,
-        # and whether writes wait for a rotation this partition lost its place in.
-        self.epoch = 0
-        self._next: NextKey | None = None
-        self._blocked = False
 
     # -- loading ----------------------------------------------------------------------------
     @property
@@ -115,63 +104,45 @@ class Shard:
         """WAL records written since the last snapshot."""
         return self._wal_records
 
-    def _check_key(self, key: bytes) -> None:
-        """A loaded partition answers only to the key that loaded it (the gateway verifies keys
-        first; this keeps one index's key from ever reading another's partition)."""
-        if self._key is not None and hmac.compare_digest(key, self._key):
-            return
-        if self._next is not None and hmac.compare_digest(key, self._next.key):
-            return  # the index switched to the next key; the commit is on its way
-        if self._blocked:
-            raise Unavailable("a key rotation of this index is under way; retry")
-        raise Unauthorized("invalid index_key for this index")
-
     def _ensure_loaded(self, key: bytes) -> None:
         self.last_used = time.monotonic()
         if self._loaded:
-            self._check_key(key)
+            self.keys.check(key)
             return
         if self._retired:
             raise IndexRetired(f"index {self.name!r} (id {self.index_id}) was deleted")
         self._reset()
-        self._key = key
-        self._open_epoch(key)
-        ix, no, epoch = self.index_id, self.shard_no, self.epoch
-        snaps = persistence.generations(self.store, ix, no, "snap", epoch)
+        store, name, ix, no = self.store, self.name, self.index_id, self.shard_no
+        self.keys.open_epoch(store, name, ix, no, key)
+        epoch = self.keys.epoch
+        snaps = persistence.generations(store, ix, no, "snap", epoch)
         if snaps:
             self.gen = snaps[-1]
-            self._restore(self.store.get(persistence.snap_key(ix, no, self.gen, epoch)))
-        for gen in persistence.generations(self.store, ix, no, "wal", epoch):
+            self._restore(key, store.get(persistence.snap_key(ix, no, self.gen, epoch)))
+        for gen in persistence.generations(store, ix, no, "wal", epoch):
             if gen < self.gen:
                 continue
-            for record in self.store.read_log(persistence.wal_key(ix, no, gen, epoch)):
-                seq, frame = persistence.open_record(key, self.name, self.shard_no, gen, record)
+            for seq, op, payload, size in persistence.records(
+                store, key, name, ix, no, epoch, gen, self.seq
+            ):
                 if seq <= self.seq:
                     continue
-                op, payload = persistence.decode_record(frame)
                 if isinstance(payload, UpsertBatch):
-                    payload = searchable(payload)
+                    payload = shard_state.searchable(payload)
                 self._apply(op, payload)
                 self.seq = seq
                 self._wal_records += 1
-                self._wal_bytes += len(record)
+                self._wal_bytes += size
             self.gen = max(self.gen, gen)
         self._loaded = True
         heap.trim()  # the snapshot frame, WAL records and outgrown lists were freed
 
-    def _restore(self, blob: bytes | None) -> None:
-        assert blob is not None and self._key is not None
-        raw = open_sealed(
-            self._key, blob, aad(self.name, "snapshot", self.shard_no, version=self.gen)
-        )
-        meta, arrays = codec.unpack(raw)
-        self.seq = meta["seq"]
-        self.version = meta["version"]
-        self.nprobe_table = tuple(tuple(p) for p in meta.get("nprobe_table", ()))
-        self.items = ItemTable.from_arrays(arrays, meta["next_label"])
-        if "index" in arrays:
-            self.partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
-            self.partition.radii = arrays["radii"].copy()
+    def _restore(self, key: bytes, blob: bytes | None) -> None:
+        assert blob is not None
+        frame = persistence.open_snapshot(key, self.name, self.shard_no, self.gen, blob)
+        state = shard_state.restore(frame)
+        self.seq, self.version, self.nprobe_table = state.seq, state.version, state.nprobe_table
+        self.items, self.partition = state.items, state.partition
 
     @contextmanager
     def _reading(self, key: bytes) -> Iterator[None]:
@@ -182,7 +153,7 @@ class Shard:
                     self._ensure_loaded(key)
             with self._lock.read():
                 if self._loaded:  # not evicted in between
-                    self._check_key(key)
+                    self.keys.check(key)
                     self.last_used = time.monotonic()
                     yield
                     return
@@ -194,7 +165,7 @@ class Shard:
             return False
         try:
             with self._lock.try_write() as free:
-                busy = self._pending is not None or self._next is not None
+                busy = self._pending is not None or self.keys.next is not None
                 if not free or not self._loaded or busy:
                     return False
                 self._loaded = False
@@ -213,13 +184,7 @@ class Shard:
         at = (self.seq, id(self.items), id(self.partition))
         if self._sized is not None and self._sized[0] == at:
             return self._sized[1]
-        items = self.items
-        n = items.next_label
-        size = n * ROW_BYTES
-        for column in (items.metadata[:n], items.contents[:n]):
-            size += sum(map(len, filter(None, column.tolist())))
-        if self.partition is not None:
-            size += self.partition.ntotal * (self.partition.index.code_size + 8)
+        size = shard_state.footprint(self.items, self.partition)
         self._sized = (at, size)
         return size
 
@@ -275,12 +240,16 @@ class Shard:
     def _log(self, key: bytes, frame: bytes) -> None:
         """Seal and durably append one WAL record (caller holds the lock); while the key rotates,
         under the next key first, then under the current one (actors.control.rotation)."""
-        self._gate_write()
+        try:
+            self.keys.gate_write(self.store, self.index_id)
+        except KeyRotated:
+            self._loaded = False  # the next call loads the new epoch with its key
+            raise
         # The number is used up even if the append fails: a failure can be ambiguous (committed
         # but not confirmed), and a later record reusing the number would be skipped on replay.
         self.seq = seq = self.seq + 1
         try:
-            for sealing, epoch in self._sealing(key):
+            for sealing, epoch in self.keys.sealing(key):
                 record = persistence.seal_record(
                     sealing, self.name, self.shard_no, self.gen, seq, frame
                 )
@@ -376,37 +345,21 @@ class Shard:
             self._snapshot_lock.release()
 
     def _capture(self) -> bytes:
-        meta: dict[str, Any] = {
-            "seq": self.seq,
-            "version": self.version,
-            "nprobe_table": [list(p) for p in self.nprobe_table],
-            "next_label": self.items.next_label,
-        }
-        arrays = self.items.to_arrays()
-        if self.partition is not None:
-            meta["dimension"] = self.partition.dimension
-            arrays["index"] = serialize(self.partition.index)
-            arrays["radii"] = self.partition.radii
-        return codec.pack(meta, arrays)
+        state = shard_state.State(
+            self.seq, self.version, self.nprobe_table, self.items, self.partition
+        )
+        return shard_state.capture(state)
 
     def _write_snapshot(self, key: bytes, frame: bytes, old_gen: int) -> None:
         """The snapshot of generation ``old_gen + 1`` (caller holds the snapshot lock); while
         the key rotates, under both keys."""
-        for sealing, epoch in self._sealing(key):
+        for sealing, epoch in self.keys.sealing(key):
             self._put_snapshot(sealing, epoch, frame, old_gen + 1)
 
-    def _put_snapshot(self, key: bytes, epoch: int, frame: bytes, new_gen: int) -> None:
-        """Seal ``frame`` as key epoch ``epoch``'s snapshot ``new_gen``, then drop the epoch's
-        older snapshots and WAL generations."""
-        ix, no = self.index_id, self.shard_no
-        blob = seal(key, frame, aad(self.name, "snapshot", no, version=new_gen))
-        self.store.put(persistence.snap_key(ix, no, new_gen, epoch), blob)
-        for gen in persistence.generations(self.store, ix, no, "snap", epoch):
-            if gen < new_gen:
-                self.store.delete(persistence.snap_key(ix, no, gen, epoch))
-        for gen in persistence.generations(self.store, ix, no, "wal", epoch):
-            if gen < new_gen:
-                self.store.delete(persistence.wal_key(ix, no, gen, epoch))
+    def _put_snapshot(self, key: bytes, epoch: int, frame: bytes, gen: int) -> None:
+        persistence.put_snapshot(
+            self.store, key, self.name, self.index_id, self.shard_no, epoch, frame, gen
+        )
 
     # -- reads ------------------------------------------------------------------------------
     def search(self, key: bytes, req: SearchRequest) -> SearchResult:
@@ -537,56 +490,17 @@ class Shard:
         self._wrote()  # and once more when quiet, for what was freed after this point
         return self.stats(key)
 
-    # -- key rotation (actors.control.rotation) ------------------------------------------------------
-    def _open_epoch(self, key: bytes) -> None:
-        """On load: the key epoch the catalog names current, ``key`` checked against its config
-        (it must open it), and whether writes wait (the index is rotating and this partition
-        had its snapshot under the next key: it was prepared, then reloaded, so it no longer
-        writes under both keys). A partition without a catalog entry (tests) stays at epoch 0."""
-        meta = persistence.load_meta(self.store, self.index_id)
-        if meta is None:
-            return
-        self.epoch = meta.epoch
-        if persistence.opens_config(self.store, key, self.name, self.index_id, meta.epoch) is False:
-            raise Unauthorized("invalid index_key for this index")
-        nxt = meta.epoch + 1
-        ix, no = self.index_id, self.shard_no
-        self._blocked = meta.rotation is not None and bool(
-            persistence.generations(self.store, ix, no, "snap", nxt)
-        )
-
-    def _sealing(self, key: bytes) -> list[tuple[bytes, int]]:
-        """(data key, key epoch) of every copy a write is sealed into: while the key rotates
-        the next one first, then the current one (whichever of the two the caller holds)."""
-        current = (self._key or key, self.epoch)
-        return [current] if self._next is None else [(self._next.key, self._next.epoch), current]
-
-    def _gate_write(self) -> None:
-        """Refuse a write while a rotation this partition lost its place in is under way
-        (caller holds the write lock). Once the catalog entry shows it ended: without a
-        switch, writes go on; with one, this state and its key are outdated."""
-        if not self._blocked:
-            return
-        meta = persistence.load_meta(self.store, self.index_id)
-        if meta is not None and meta.epoch != self.epoch:
-            self._loaded = False  # the next call loads the new epoch with its key
-            raise Unauthorized("invalid index_key for this index: the key was rotated")
-        if meta is not None and meta.rotation is not None:
-            raise Unavailable("a key rotation of this index is under way; retry")
-        self._blocked = False
-
+    # -- key rotation (actors.control.rotation; the key state: actors.engine.shard_keys) ----
     def begin_rotation(self, key: bytes, new_key: bytes, epoch: int) -> None:
         """Step 2 of a rotation to ``epoch``: the whole state as a snapshot under ``new_key``
         into the next epoch, a new WAL generation, and every later record under both keys."""
         with self._snapshot_lock:
             with self._lock.write():
                 self._ensure_loaded(key)
-                if not hmac.compare_digest(key, self._key or b""):
-                    raise Unauthorized("invalid index_key for this index")
+                self.keys.begin(key, new_key, epoch)
                 frame = self._capture()
                 self.gen += 1
                 self._wal_records = self._wal_bytes = 0
-                self._next, self._blocked = NextKey(new_key, epoch), False
                 gen = self.gen
             self._put_snapshot(new_key, epoch, frame, gen)
 
@@ -595,18 +509,14 @@ class Shard:
         loaded under an earlier key (it reloaded during the rotation) drops its state and
         loads the new epoch on its next call."""
         with self._snapshot_lock, self._lock.write():
-            nxt = self._next
-            if nxt is not None and nxt.epoch == epoch:
-                self._key, self.epoch, self._next, self._blocked = nxt.key, epoch, None, False
-            elif self._loaded and self.epoch < epoch:
+            if not self.keys.commit(epoch) and self._loaded:
                 self._loaded = False
                 self._reset()
 
     def abort_rotation(self, epoch: int) -> None:
         """The rotation to ``epoch`` ended without a switch: write under the current key only."""
         with self._snapshot_lock, self._lock.write():
-            if self._next is not None and self._next.epoch == epoch:
-                self._next = None
+            self.keys.abort(epoch)
 
     def retire(self) -> None:
         """Refuse every later call (the index is being deleted) and drop the loaded data.
@@ -621,22 +531,3 @@ class Shard:
 
     def ping(self) -> bool:
         return True
-
-
-def searchable(batch: UpsertBatch) -> UpsertBatch:
-    """A WAL batch without the vectors no list can hold (written before upserts were checked
-    against MAX_NORM: such items were acknowledged but never searchable); they are dropped and
-    logged, so the shard loads."""
-    bad = too_large(batch.vectors)
-    if not len(bad):
-        return batch
-    log.warning("dropped %d stored items whose vectors are not finite or too large", len(bad))
-    keep = np.setdiff1d(np.arange(len(batch.ids)), bad)
-    rows = keep.tolist()
-    return UpsertBatch(
-        ids=tuple(batch.ids[i] for i in rows),
-        vectors=batch.vectors[keep],
-        norms=None if batch.norms is None else batch.norms[keep],
-        metadata=tuple(batch.metadata[i] for i in rows),
-        contents=tuple(batch.contents[i] for i in rows),
-    )

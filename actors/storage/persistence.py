@@ -19,6 +19,8 @@ Every sealed blob's associated data binds index name, kind, shard, part and vers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import orjson
 
@@ -249,3 +251,41 @@ def seal_record(key: bytes, name: str, shard: int, gen: int, seq: int, frame: by
 def open_record(key: bytes, name: str, shard: int, gen: int, record: bytes) -> tuple[int, bytes]:
     seq = int.from_bytes(record[:8], "little")
     return seq, open_sealed(key, record[8:], aad(name, "wal", shard, str(gen), seq))
+
+
+def records(
+    store: Store, key: bytes, name: str, index_id: str, shard: int, epoch: int, gen: int, seq: int
+) -> Iterator[tuple[int, str, UpsertBatch | list[str], int]]:
+    """The records of ``shard``'s WAL generation ``gen`` after record ``seq``, in order: (seq,
+    op, payload, record size)."""
+    for record in store.read_log(wal_key(index_id, shard, gen, epoch)):
+        n, frame = open_record(key, name, shard, gen, record)
+        if n > seq:
+            op, payload = decode_record(frame)
+            yield n, op, payload, len(record)
+
+
+def put_snapshot(
+    store: Store,
+    key: bytes,
+    name: str,
+    index_id: str,
+    shard: int,
+    epoch: int,
+    frame: bytes,
+    gen: int,
+) -> None:
+    """Seal ``frame`` as key epoch ``epoch``'s snapshot ``gen`` of ``shard``, then drop the
+    epoch's older snapshots and the WAL generations it covers."""
+    blob = seal(key, frame, aad(name, "snapshot", shard, version=gen))
+    store.put(snap_key(index_id, shard, gen, epoch), blob)
+    for old in generations(store, index_id, shard, "snap", epoch):
+        if old < gen:
+            store.delete(snap_key(index_id, shard, old, epoch))
+    for old in generations(store, index_id, shard, "wal", epoch):
+        if old < gen:
+            store.delete(wal_key(index_id, shard, old, epoch))
+
+
+def open_snapshot(key: bytes, name: str, shard: int, gen: int, blob: bytes) -> bytes:
+    return open_sealed(key, blob, aad(name, "snapshot", shard, version=gen))

@@ -1,0 +1,91 @@
+"""What a shard holds, as one frame and back: the item table and the partition index packed for
+a snapshot, and an estimate of the memory they take."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from actors.engine.items import ItemTable
+from actors.engine.ivf import PartitionIndex, serialize, too_large
+from actors.storage import codec
+from actors.types import UpsertBatch
+
+log = logging.getLogger("vaultvec.shard")
+
+#: Memory per item beside its lists, metadata and contents (ids, id map, norms, liveness, list
+#: map, filter columns): the fixed columns of actors.engine.items.ItemTable.
+ROW_BYTES = 96
+
+
+@dataclass
+class State:
+    seq: int  # the last WAL record applied
+    version: int  # the training version of the partition's lists
+    nprobe_table: tuple[tuple[int, int], ...]
+    items: ItemTable
+    partition: PartitionIndex | None
+
+
+def capture(state: State) -> bytes:
+    meta: dict[str, Any] = {
+        "seq": state.seq,
+        "version": state.version,
+        "nprobe_table": [list(p) for p in state.nprobe_table],
+        "next_label": state.items.next_label,
+    }
+    arrays = state.items.to_arrays()
+    if state.partition is not None:
+        meta["dimension"] = state.partition.dimension
+        arrays["index"] = serialize(state.partition.index)
+        arrays["radii"] = state.partition.radii
+    return codec.pack(meta, arrays)
+
+
+def restore(frame: bytes) -> State:
+    meta, arrays = codec.unpack(frame)
+    partition = None
+    if "index" in arrays:
+        partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
+        partition.radii = arrays["radii"].copy()
+    return State(
+        seq=meta["seq"],
+        version=meta["version"],
+        nprobe_table=tuple(tuple(p) for p in meta.get("nprobe_table", ())),
+        items=ItemTable.from_arrays(arrays, meta["next_label"]),
+        partition=partition,
+    )
+
+
+def footprint(items: ItemTable, partition: PartitionIndex | None) -> int:
+    """An estimate of the bytes the items and lists hold: per item the id, metadata, contents
+    and the table's fixed columns, and the lists' codes (a pass over every item's metadata)."""
+    n = items.next_label
+    size = n * ROW_BYTES
+    for column in (items.metadata[:n], items.contents[:n]):
+        size += sum(map(len, filter(None, column.tolist())))
+    if partition is not None:
+        size += partition.ntotal * (partition.index.code_size + 8)
+    return size
+
+
+def searchable(batch: UpsertBatch) -> UpsertBatch:
+    """A WAL batch without the vectors no list can hold (written before upserts were checked
+    against MAX_NORM: such items were acknowledged but never searchable); they are dropped and
+    logged, so the shard loads."""
+    bad = too_large(batch.vectors)
+    if not len(bad):
+        return batch
+    log.warning("dropped %d stored items whose vectors are not finite or too large", len(bad))
+    keep = np.setdiff1d(np.arange(len(batch.ids)), bad)
+    rows = keep.tolist()
+    return UpsertBatch(
+        ids=tuple(batch.ids[i] for i in rows),
+        vectors=batch.vectors[keep],
+        norms=None if batch.norms is None else batch.norms[keep],
+        metadata=tuple(batch.metadata[i] for i in rows),
+        contents=tuple(batch.contents[i] for i in rows),
+    )
