@@ -588,7 +588,7 @@ def profile_gateway(
     import ray
 
     from actors.types import SearchRequest
-    from serve_app.gateway.engine import merge
+    from serve_app.gateway.hits import merge
     from serve_app.models import QueryRequest
     from serve_app.service.checks import as_matrix
     from serve_app.service.results import results_json

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from actors.control.plane import EngineOptions
+from actors.control.options import EngineOptions
 from serve_app.access import keys
 
 # The engine's defaults: the settings that configure it take theirs from here (written once).

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ray.exceptions import RayTaskError
 
-from actors.control.plane import IndexView
+from actors.control.options import IndexView
 from actors.control.training import TrainParams
 from actors.metrics import Family, ServiceReport
 from actors.types import IndexConfig, IndexMeta

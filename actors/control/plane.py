@@ -8,7 +8,6 @@ pass through it. Training runs in a background thread of this (threaded) actor.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import secrets
 import threading
@@ -16,24 +15,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import faiss
-import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.control import rotation
+from actors.control import rotation, trainer
+from actors.control.options import EngineOptions, IndexView
 from actors.control.training import (
     TrainParams,
-    auto_n_lists,
-    calibrate_nprobe,
-    calibrate_probing,
-    sample_size,
-    train_template,
 )
-from actors.engine.ivf import centroids_of, deserialize, serialize
+from actors.engine.ivf import centroids_of, deserialize
 from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
 from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
 from actors.pool.client import ShardClient
@@ -46,47 +40,6 @@ from actors.types import IndexConfig, IndexMeta, KeyRotation, Partition, PoolSta
 
 NAMESPACE = "vaultvec"
 CONTROL_NAME = "vaultvec-control"
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    store_url: str
-    shard_num_cpus: float = 0.05
-    shard_start_timeout_s: float = 60.0
-    retire_timeout_s: float = 30.0
-    shard_threads: int = (
-        0  # 0 = the Ray node's CPUs (for batches: actors.engine.shard.BATCH_THREADS_MIN)
-    )
-    # Calls one pool actor runs at once, each on its own thread. A thread that ran a call keeps
-    # ~30 KB of its stack resident (Ray's call path, then the partition's work): with 32 the
-    # actors' memory crept up by a megabyte over the first few hundred calls.
-    shard_max_concurrency: int = 16
-    wal_max_records: int = 256
-    auto_train_threshold: int = 10_000
-    retrain_factor: float = 4.0
-    recall_target: float = 0.95
-    idle_ttl_s: float = 0.0
-    pool_size: int = 0  # pool actors per node; 0 = one per CPU
-    pool_memory_budget_mb: int = 0  # per pool actor; 0 = its share of the node's memory
-    train_wait_s: float = 600.0
-    train_threads: int = 0  # 0 = all cores of the node
-    max_indexes: int = 100_000
-
-
-@dataclass(frozen=True)
-class IndexView:
-    """What a gateway caches per index: config, the pool actor hosting each partition (shard
-    number order) and the coarse centroids."""
-
-    meta: IndexMeta
-    config: IndexConfig
-    shards: tuple[Any, ...]
-    centroids: np.ndarray | None
-
-    def clients(self) -> list[ShardClient]:
-        """Typed calls to each partition, in shard number order."""
-        m = self.meta
-        return [ShardClient(h, Partition(m.name, m.index_id, s)) for s, h in enumerate(self.shards)]
 
 
 class ControlPlane:
@@ -389,43 +342,7 @@ class ControlPlane:
         faiss.omp_set_num_threads(self.options.train_threads or node_cpus())
         meta = self.lookup(name)
         cfg = self.config(name, key)
-        shards = self._clients(meta, cfg)
-        counts = [s.count for s in ray.get([sh.stats(key) for sh in shards])]
-        total = sum(counts)
-        if total == 0 or cfg.dimension is None:
-            raise InvalidRequest("cannot train an empty index")
-        n_lists = params.n_lists or cfg.n_lists_requested or auto_n_lists(total)
-        if not params.n_lists and cfg.n_lists_requested:  # asked at create time: as many as fit
-            n_lists = min(n_lists, max(1, total // 39))
-        if n_lists > total:
-            raise InvalidRequest(f"n_lists={n_lists} exceeds the number of items ({total})")
-        size = sample_size(n_lists, total, cfg.dimension, params.max_memory)
-        streams = [
-            sh.sample(key, math.ceil(size * c / total) + 1, seed)
-            for seed, (sh, c) in enumerate(zip(shards, counts))
-        ]
-        parts = [ray.get(ref) for stream in streams for ref in stream]
-        sample = np.concatenate([p for p in parts if len(p)]).astype(np.float32, copy=False)
-        del parts
-        template = train_template(
-            sample, cfg.index_type, n_lists, cfg.pq_dim, cfg.pq_bits, params, sq_bits=cfg.sq_bits
-        )
-        table = calibrate_nprobe(template, sample, cfg.recall_target)
-        probing = calibrate_probing(template, sample, cfg.recall_target, table, len(shards))
-        new_cfg = cfg.evolve(
-            version=cfg.version + 1,
-            n_lists=n_lists,
-            trained_size=total,
-            nprobe_table=table,
-            probe_table=probing,
-        )
-        blob = serialize(template)
-        persistence.write_template(self.store, key, new_cfg, blob)
-        ray.get(
-            ShardClient.rebuild_all(
-                shards, key, new_cfg.version, blob, table, params.batch_size or 65536
-            )
-        )
+        new_cfg = trainer.train(self.store, key, cfg, self._clients(meta, cfg), params)
         with self._lock:
             if name not in self._catalog:
                 raise IndexNotFound(f"index {name!r} was deleted during training")

@@ -202,10 +202,9 @@ class Shard:
         """Growing lists and arrays leave their outgrown blocks free inside the heap, where
         glibc keeps them resident. When no write has come for TRIM_AFTER_WRITES_S, churned lists
         are laid out afresh, the rows of replaced and deleted items are compacted away and the
-        free pages go back to the system (measured: 100k x 128 ingested over HTTP into 2
-        shards, 716 -> 651 resident bytes per vector). Garbage that only the cycle collector
-        frees, and blocks other threads let go of after a rebuild's own trim, are collected
-        first."""
+        free pages go back to the system (figures: docs/performance.md). Garbage that only the
+        cycle collector frees, and blocks other threads let go of after a rebuild's own trim,
+        are collected first."""
         while (wait := self._last_write + TRIM_AFTER_WRITES_S - time.monotonic()) > 0:
             time.sleep(wait)
         self._trim_pending = False
@@ -333,7 +332,7 @@ class Shard:
                 if self._pending is not None:
                     return  # a rebuild is in flight; it snapshots when it swaps
                 # Writes that never pause never let the idle tidy compact: do it here, at
-                # most once per WAL roll (a few ms per 20,000 live items).
+                # most once per WAL roll.
                 plan = compaction.prepare(self.items, self.partition)
                 if plan is not None and self.partition is not None:
                     self.items = plan.apply(self.partition)
@@ -465,11 +464,8 @@ class Shard:
                 vectors = self.partition.reconstruct(labels)
                 self._pending = []
             fresh = PartitionIndex.from_template(template, dimension)
-            # Each list allocated once at its size (PartitionIndex.fill). Grown entry by entry,
-            # lists reserved up to twice their size and left the blocks they outgrew behind in
-            # the heap (100k x 128 on 2 shards: 1,124 resident bytes per vector after training,
-            # 964 once a serialised copy replaced them); filled, they take what that copy took
-            # without the copy (50,000 x 128: 80-88 ms instead of 177-311).
+            # Each list allocated once at its size (PartitionIndex.fill): lists grown entry by
+            # entry reserve up to twice their size and leave outgrown blocks in the heap.
             fresh.fill(labels, vectors, batch_size)
             del vectors
             with self._lock.write():

@@ -15,22 +15,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import faiss
 import numpy as np
-import orjson
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError
 
 from actors.control.client import ControlClient, cause
-from actors.control.plane import IndexView
+from actors.control.options import IndexView
 from actors.engine.filters import FilterNode
-from actors.engine.strings import StringBlock, concat_columns, replace_rows, take_along_columns
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
 from actors.pool.client import ShardClient
 from actors.storage.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.types import (
-    Fetched,
     IndexConfig,
     IndexMeta,
     PoolStats,
@@ -39,18 +36,24 @@ from actors.types import (
     SearchResult,
     ShardStats,
     UpsertBatch,
-    shard_assignment,
 )
 from serve_app import telemetry as stages
 from serve_app.access import context
 from serve_app.coalesce import Coalescer
+from serve_app.gateway.calls import (
+    INLINE_HASHES,
+    SHARD_ERRORS,
+    StaleIndex,
+    T,
+    assign_shards,
+    within,
+)
+from serve_app.gateway.hits import Hits, Merge, Query, entries, patch, top_k
 from serve_app.gateway.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
-T = TypeVar("T")
 ShardCall = tuple[int, Callable[[ShardClient], Awaitable[Any]]]  # (shard number, the call)
 
-SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
 REFRESH_S = 0.5
 
 
@@ -69,77 +72,6 @@ class CachedView:
     @property
     def config(self) -> IndexConfig:
         return self.view.config
-
-
-@dataclass(frozen=True)
-class Hits:
-    """Merged top-k for a batch of queries: index-space squared distances, ids, metadata."""
-
-    distances: np.ndarray
-    ids: StringBlock
-    metadata: np.ndarray | None
-    counts: np.ndarray  # results per query
-    # Inverted lists scanned, summed over the queries (each query's count averaged over the
-    # shards, which may choose differently under automatic probing).
-    lists_scanned: float = 0.0
-    needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
-    bucket: int = 0
-
-    def rows(self) -> list[Hits]:
-        """One Hits per query (lists scanned shared out evenly)."""
-        n = len(self.counts)
-        return [
-            Hits(
-                self.distances[q : q + 1],
-                self.ids.take_rows(np.array([q])),
-                None if self.metadata is None else self.metadata[q : q + 1],
-                self.counts[q : q + 1],
-                self.lists_scanned / max(n, 1),
-                None if self.needed is None else self.needed[q : q + 1],
-                self.bucket,
-            )
-            for q in range(n)
-        ]
-
-
-@dataclass(frozen=True)
-class Query:
-    """A query's options as the engine takes them: validated, defaults applied
-    (serve_app.service.params.QueryParams builds it once per request, whatever the transport)."""
-
-    top_k: int
-    n_probes: int = 0  # 0 = automatic
-    filter: FilterNode | None = None
-    greedy: bool = False
-    with_metadata: bool = True
-
-
-class StaleIndex(Unavailable):
-    """The index was deleted and re-created under the same name while a request ran on the old
-    one. The view is dropped; the request is run again once (:func:`retry_stale`)."""
-
-    default_detail = "the index was re-created while the request ran; retry"
-
-
-async def retry_stale(run: Callable[[], Awaitable[T]]) -> T:
-    """Run a request; if it met a re-created index, run it once more against the new one."""
-    try:
-        return await run()
-    except StaleIndex:
-        return await run()
-
-
-_TIMEOUT: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
-
-
-async def within(awaitable: Awaitable[T], seconds: float) -> T:
-    """``await awaitable``, or asyncio.TimeoutError after ``seconds``. On Python 3.11+ without
-    the task that ``asyncio.wait_for`` wraps a coroutine in (a task costs a single query a turn
-    of the event loop more)."""
-    if _TIMEOUT is None:
-        return await asyncio.wait_for(awaitable, seconds)
-    async with _TIMEOUT(seconds):
-        return await awaitable
 
 
 class Engine:
@@ -537,34 +469,6 @@ def plan_width(first: int) -> int:
     return 4 * first + 8
 
 
-def entries(parts: Sequence[Fetched]) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        for j, item_id in enumerate(part.ids):
-            entry: dict[str, Any] = {"id": item_id}
-            if part.vectors is not None:
-                entry["vector"] = part.vectors[j]
-            if part.contents is not None:
-                entry["contents"] = part.contents[j]
-            if part.metadata is not None:
-                m = part.metadata[j]
-                entry["metadata"] = orjson.Fragment(m) if m is not None else None
-            found[item_id] = entry
-    return found
-
-
-# Ids hashed on the event loop at most: a hash costs ~0.5 us, so 100,000 ids would hold every
-# other request for 50 ms; more go to a worker thread (the loop keeps its turns of the GIL).
-INLINE_HASHES = 4096
-
-
-async def assign_shards(ids: list[str], n_shards: int) -> np.ndarray:
-    """Each id's shard (actors.types.shard_assignment), off the event loop when many."""
-    if len(ids) <= INLINE_HASHES:
-        return shard_assignment(ids, n_shards)
-    return await asyncio.to_thread(shard_assignment, ids, n_shards)
-
-
 def _with_ids(
     call: Callable[[ShardClient, list[str]], Awaitable[T]], ids: list[str], shard: ShardClient
 ) -> Awaitable[T]:
@@ -575,45 +479,4 @@ def _upsert(key: bytes, batch: UpsertBatch, shard: ShardClient) -> Awaitable[Sha
     return shard.upsert(key, batch)
 
 
-def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
-    """Per-shard top-k blocks -> global top-k (ascending distance)."""
-    needed = None
-    if len(parts) == 1:
-        p = parts[0]
-        d, ids, meta, needed = p.distances, p.ids, p.metadata, p.needed
-    else:
-        d = np.concatenate([p.distances for p in parts], axis=1)
-        col = np.argsort(d, axis=1, kind="stable")[:, :k]
-        d = np.take_along_axis(d, col, axis=1)
-        ids = take_along_columns(concat_columns([p.ids for p in parts]), col)
-        meta = None
-        if with_metadata:
-            blocks = [p.metadata for p in parts if p.metadata is not None]
-            meta = np.take_along_axis(np.concatenate(blocks, axis=1), col, axis=1)
-        if all(p.needed is not None for p in parts):
-            cat = np.concatenate([p.needed for p in parts if p.needed is not None], axis=1)
-            needed = np.take_along_axis(cat, col, axis=1)
-    counts = np.isfinite(d).sum(axis=1)
-    scanned = sum(p.lists_scanned for p in parts) / len(parts)
-    bucket = max(p.bucket for p in parts)
-    return Hits(d, ids, meta, counts, scanned, needed, bucket)
-
-
-# How the per-shard parts of a search become one answer: the distances' top-k today (a rank
-# fusion of two scorers' answers would be another).
-Merge = Callable[[list[SearchResult], int, bool], Hits]
-top_k: Merge = merge
 GREEDY = Probing("greedy")
-
-
-def patch(hits: Hits, rows: np.ndarray, sub: Hits) -> Hits:
-    d = hits.distances.copy()
-    d[rows] = sub.distances
-    ids = replace_rows(hits.ids, rows, sub.ids)
-    meta = None
-    if hits.metadata is not None and sub.metadata is not None:
-        meta = hits.metadata.copy()
-        meta[rows] = sub.metadata
-    counts = hits.counts.copy()
-    counts[rows] = sub.counts
-    return Hits(d, ids, meta, counts, hits.lists_scanned + sub.lists_scanned)

@@ -16,7 +16,7 @@ from starlette.types import Message, Receive
 
 from actors.errors import PayloadTooLarge
 from serve_app import replica
-from serve_app.gateway.engine import retry_stale, within
+from serve_app.gateway.calls import retry_stale, within
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

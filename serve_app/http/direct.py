@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from serve_app.gateway.engine import retry_stale
+from serve_app.gateway.calls import retry_stale
 from serve_app.http.bodies import BODY_ERROR, OrjsonRequest, replay
 from serve_app.http.errors import response_for
 from serve_app.http.gate import ApiKeyGate

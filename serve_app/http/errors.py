@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from actors.control.client import cause
 from actors.errors import InternalError, Unavailable, VaultvecError
-from serve_app.gateway.engine import SHARD_ERRORS
+from serve_app.gateway.calls import SHARD_ERRORS
 
 log = logging.getLogger("vaultvec.errors")
 

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 
 from actors.errors import InvalidRequest
-from serve_app.gateway.engine import retry_stale
+from serve_app.gateway.calls import retry_stale
 from serve_app.http.errors import api_error
 from serve_app.replica import services
 from serve_app.service import queries as searches

@@ -17,7 +17,7 @@ import orjson
 from actors.engine.filters import FilterNode, parse_filter
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
-from serve_app.gateway.engine import Query
+from serve_app.gateway.hits import Query
 from serve_app.models import UpsertRequest
 
 DEFAULT_TOP_K = 100

@@ -18,7 +18,8 @@ from actors.engine.strings import StringBlock
 from actors.errors import InvalidRequest
 from serve_app.access import context, rights
 from serve_app.access.rights import Right
-from serve_app.gateway.engine import CachedView, Engine, Hits
+from serve_app.gateway.engine import CachedView, Engine
+from serve_app.gateway.hits import Hits
 from serve_app.models import QueryRequest
 from serve_app.service import text
 from serve_app.service.checks import (

@@ -19,7 +19,7 @@ import orjson
 
 from actors.engine.strings import StringBlock, gather_bytes
 from actors.storage.codec import pack_strings
-from serve_app.gateway.engine import Hits
+from serve_app.gateway.hits import Hits
 from serve_app.service.checks import to_api_distance
 
 # Every literal of the layout in one buffer; each is addressed by (offset, length).

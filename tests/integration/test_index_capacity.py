@@ -41,7 +41,7 @@ def test_many_indexes_in_use_at_once_start_no_process(service, http):
 
 
 def engine_options(tmp_path, **kw):
-    from actors.control.plane import EngineOptions
+    from actors.control.options import EngineOptions
 
     return EngineOptions(store_url=f"file://{tmp_path}", **kw)
 

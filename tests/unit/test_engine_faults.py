@@ -16,11 +16,12 @@ import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.control.client import ControlClient
-from actors.control.plane import IndexView
+from actors.control.options import IndexView
 from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
 from actors.pool.client import ShardClient
 from actors.types import IndexConfig, IndexMeta
-from serve_app.gateway.engine import CachedView, Engine, StaleIndex, retry_stale
+from serve_app.gateway.calls import StaleIndex, retry_stale
+from serve_app.gateway.engine import CachedView, Engine
 
 META = IndexMeta("idx", "id-1", b"salt", b"verifier")
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
-from serve_app.gateway.engine import Query
+from serve_app.gateway.hits import Query
 from serve_app.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
 from serve_app.service.params import (
     COMPACT_INCLUDE,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from actors.control.client import ControlClient
-from actors.control.plane import IndexView
+from actors.control.options import IndexView
 from actors.control.training import (
     TrainParams,
     calibrate_nprobe,
@@ -36,7 +36,8 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
-from serve_app.gateway.engine import CachedView, Engine, Query, merge
+from serve_app.gateway.engine import CachedView, Engine
+from serve_app.gateway.hits import Query, merge
 from serve_app.gateway.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
 from tests.helpers import exact_knn
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.engine.strings import StringBlock
-from serve_app.gateway.engine import Hits
+from serve_app.gateway.hits import Hits
 from serve_app.service.results import FEW, laid_out, results_json, shape_results
 
 # Ids with and without characters that JSON escapes (the latter take orjson's path).

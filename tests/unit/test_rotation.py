@@ -22,7 +22,8 @@ import pytest
 
 from actors.control import rotation
 from actors.control.client import ControlClient
-from actors.control.plane import ControlPlane, EngineOptions
+from actors.control.options import EngineOptions
+from actors.control.plane import ControlPlane
 from actors.control.training import TrainParams, train_template
 from actors.engine.ivf import serialize
 from actors.engine.shard import Shard

@@ -70,7 +70,7 @@ def test_serve_warns_that_api_key_on_the_command_line_is_visible(
 def test_engine_options_carry_every_setting_of_the_same_name(tmp_path: Path) -> None:
     from dataclasses import fields
 
-    from actors.control.plane import EngineOptions
+    from actors.control.options import EngineOptions
 
     s = Settings(storage=f"file://{tmp_path}", shard_threads=3, max_indexes=7, idle_ttl_s=9.0)
     options = s.engine_options()

@@ -10,7 +10,7 @@ from actors.control.training import TrainParams, train_template
 from actors.engine.ivf import serialize
 from actors.engine.shard import Shard
 from actors.types import SearchRequest, UpsertBatch, shard_assignment
-from serve_app.gateway.engine import merge
+from serve_app.gateway.hits import merge
 from tests.helpers import clustered
 
 KEY = bytes(range(32))
