@@ -3,7 +3,7 @@
 An in-process Shard (local file store in a temp dir) takes ``--n`` items (default 20,000 x 64,
 small metadata and contents), is trained on ``--lists`` lists (0: stays untrained), then every
 item is replaced ``--rounds`` times (default 10). After each round the shard's idle tidy runs
-(Shard._tidy_when_idle: compaction, list layout, heap trim) and this prints, per live item:
+(Shard._tidy: compaction, list layout, heap trim) and this prints, per live item:
 
 * RSS: the growth of this process's private resident memory (RssAnon) since before the shard;
 * arrays: the shard's own accounting, the nbytes of its per-label arrays, id map, filter

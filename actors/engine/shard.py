@@ -29,10 +29,12 @@ from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
 from actors.engine.rwlock import RWLock
 from actors.engine.shard_keys import KeyRotated, ShardKeys
+from actors.engine.shard_log import ShardLog
 from actors.engine.strings import StringBlock
 from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
+from actors.process.quiet import WhenQuiet
 from actors.storage import Store, open_store, persistence
 from actors.types import (
     Fetched,
@@ -77,21 +79,25 @@ class Shard:
         self._loaded = False
         self._retired = False
         self.last_used = time.monotonic()
-        self._last_write = 0.0
-        self._trim_pending = False
+        self._quiet = WhenQuiet(self._tidy, f"vaultvec-tidy-{id(self):x}")
         self._reset()
 
     def _reset(self) -> None:
         self._sized: tuple[tuple[int, int, int], int] | None = None  # resident_bytes' cache
         self.keys = ShardKeys()
+        self.log = ShardLog(
+            self.store,
+            self.name,
+            self.index_id,
+            self.shard_no,
+            self.keys,
+            self.wal_max_records,
+            self.wal_max_bytes,
+        )
         self.items = ItemTable()
         self.partition: PartitionIndex | None = None
         self.version = 0
         self.nprobe_table: tuple[tuple[int, int], ...] = ()
-        self.seq = 0
-        self.gen = 0
-        self._wal_records = 0
-        self._wal_bytes = 0
         self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
 
     # -- loading ----------------------------------------------------------------------------
@@ -102,7 +108,16 @@ class Shard:
     @property
     def wal_records(self) -> int:
         """WAL records written since the last snapshot."""
-        return self._wal_records
+        return self.log.records
+
+    @property
+    def seq(self) -> int:
+        """The number of the last write applied."""
+        return self.log.seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self.log.seq = value
 
     def _ensure_loaded(self, key: bytes) -> None:
         self.last_used = time.monotonic()
@@ -112,37 +127,20 @@ class Shard:
         if self._retired:
             raise IndexRetired(f"index {self.name!r} (id {self.index_id}) was deleted")
         self._reset()
-        store, name, ix, no = self.store, self.name, self.index_id, self.shard_no
-        self.keys.open_epoch(store, name, ix, no, key)
-        epoch = self.keys.epoch
-        snaps = persistence.generations(store, ix, no, "snap", epoch)
-        if snaps:
-            self.gen = snaps[-1]
-            self._restore(key, store.get(persistence.snap_key(ix, no, self.gen, epoch)))
-        for gen in persistence.generations(store, ix, no, "wal", epoch):
-            if gen < self.gen:
-                continue
-            for seq, op, payload, size in persistence.records(
-                store, key, name, ix, no, epoch, gen, self.seq
-            ):
-                if seq <= self.seq:
-                    continue
-                if isinstance(payload, UpsertBatch):
-                    payload = shard_state.searchable(payload)
-                self._apply(op, payload)
-                self.seq = seq
-                self._wal_records += 1
-                self._wal_bytes += size
-            self.gen = max(self.gen, gen)
+        self.keys.open_epoch(self.store, self.name, self.index_id, self.shard_no, key)
+        frame = self.log.snapshot(key)
+        if frame is not None:
+            state = shard_state.restore(frame)
+            self.version, self.nprobe_table = state.version, state.nprobe_table
+            self.items, self.partition, self.seq = state.items, state.partition, state.seq
+        self.log.replay(key, self._replayed)
         self._loaded = True
         heap.trim()  # the snapshot frame, WAL records and outgrown lists were freed
 
-    def _restore(self, key: bytes, blob: bytes | None) -> None:
-        assert blob is not None
-        frame = persistence.open_snapshot(key, self.name, self.shard_no, self.gen, blob)
-        state = shard_state.restore(frame)
-        self.seq, self.version, self.nprobe_table = state.seq, state.version, state.nprobe_table
-        self.items, self.partition = state.items, state.partition
+    def _replayed(self, op: str, payload: Any) -> None:
+        if isinstance(payload, UpsertBatch):
+            payload = shard_state.searchable(payload)
+        self._apply(op, payload)
 
     @contextmanager
     def _reading(self, key: bytes) -> Iterator[None]:
@@ -190,24 +188,15 @@ class Shard:
 
     # -- writes -----------------------------------------------------------------------------
     def _wrote(self) -> None:
-        """Note a write (or a rebuild); once writes pause, memory is tidied
-        (:meth:`_tidy_when_idle`)."""
-        self._last_write = time.monotonic()
-        if not self._trim_pending:
-            self._trim_pending = True
-            name = f"vaultvec-tidy-{id(self):x}"
-            threading.Thread(target=self._tidy_when_idle, name=name, daemon=True).start()
+        """Note a write (or a rebuild): once writes pause for TRIM_AFTER_WRITES_S, memory is
+        tidied (:meth:`_tidy`)."""
+        self._quiet.poke(TRIM_AFTER_WRITES_S)
 
-    def _tidy_when_idle(self) -> None:
+    def _tidy(self) -> None:
         """Growing lists and arrays leave their outgrown blocks free inside the heap, where
-        glibc keeps them resident. When no write has come for TRIM_AFTER_WRITES_S, churned lists
-        are laid out afresh, the rows of replaced and deleted items are compacted away and the
-        free pages go back to the system (figures: docs/performance.md). Garbage that only the
-        cycle collector frees, and blocks other threads let go of after a rebuild's own trim,
-        are collected first."""
-        while (wait := self._last_write + TRIM_AFTER_WRITES_S - time.monotonic()) > 0:
-            time.sleep(wait)
-        self._trim_pending = False
+        glibc keeps them resident: churned lists are laid out afresh, the rows of replaced and
+        deleted items compacted away, and the free pages (after what only the cycle collector
+        frees) go back to the system (figures: docs/performance.md)."""
         self._lay_out_lists()
         heap.trim(collect=True)
 
@@ -244,22 +233,12 @@ class Shard:
         except KeyRotated:
             self._loaded = False  # the next call loads the new epoch with its key
             raise
-        # The number is used up even if the append fails: a failure can be ambiguous (committed
-        # but not confirmed), and a later record reusing the number would be skipped on replay.
-        self.seq = seq = self.seq + 1
         try:
-            for sealing, epoch in self.keys.sealing(key):
-                record = persistence.seal_record(
-                    sealing, self.name, self.shard_no, self.gen, seq, frame
-                )
-                wal = persistence.wal_key(self.index_id, self.shard_no, self.gen, epoch)
-                self.store.append(wal, record)
+            self.log.append(key, frame)
         except Exception:
             if self._pending is None:  # reload from the store: it, not memory, is the truth
                 self._loaded = False
             raise
-        self._wal_records += 1
-        self._wal_bytes += len(record)
 
     def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
         bad = too_large(batch.vectors)
@@ -277,7 +256,7 @@ class Shard:
             self._log(key, persistence.encode_upsert(batch))
             self._apply("upsert", batch)
             self._wrote()
-            roll = self._wal_due()
+            roll = self.log.due()
         if roll:
             self.snapshot(key)
         return self.stats(key)
@@ -290,7 +269,7 @@ class Shard:
                 self._log(key, persistence.encode_delete(present))
                 self._apply("delete", present)
                 self._wrote()
-            roll = self._wal_due()
+            roll = self.log.due()
         if roll:
             self.snapshot(key)
         return len(present)
@@ -315,9 +294,6 @@ class Shard:
             if self._pending is not None:
                 self._pending.append(("remove", labels))
 
-    def _wal_due(self) -> bool:
-        return self._wal_records >= self.wal_max_records or self._wal_bytes >= self.wal_max_bytes
-
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self, key: bytes) -> None:
         """Roll the WAL into a new snapshot; writes continue into the next WAL generation.
@@ -337,9 +313,8 @@ class Shard:
                 if plan is not None and self.partition is not None:
                     self.items = plan.apply(self.partition)
                 frame = self._capture()
-                old_gen, self.gen = self.gen, self.gen + 1
-                self._wal_records = self._wal_bytes = 0
-            self._write_snapshot(key, frame, old_gen)
+                gen = self.log.roll()
+            self.log.write_snapshot(key, frame, gen)
         finally:
             self._snapshot_lock.release()
 
@@ -348,17 +323,6 @@ class Shard:
             self.seq, self.version, self.nprobe_table, self.items, self.partition
         )
         return shard_state.capture(state)
-
-    def _write_snapshot(self, key: bytes, frame: bytes, old_gen: int) -> None:
-        """The snapshot of generation ``old_gen + 1`` (caller holds the snapshot lock); while
-        the key rotates, under both keys."""
-        for sealing, epoch in self.keys.sealing(key):
-            self._put_snapshot(sealing, epoch, frame, old_gen + 1)
-
-    def _put_snapshot(self, key: bytes, epoch: int, frame: bytes, gen: int) -> None:
-        persistence.put_snapshot(
-            self.store, key, self.name, self.index_id, self.shard_no, epoch, frame, gen
-        )
 
     # -- reads ------------------------------------------------------------------------------
     def search(self, key: bytes, req: SearchRequest) -> SearchResult:
@@ -478,9 +442,8 @@ class Shard:
                 self.partition, self.version, self._pending = fresh, version, None
                 self.nprobe_table = tuple(nprobe_table)
                 frame = self._capture()
-                old_gen, self.gen = self.gen, self.gen + 1
-                self._wal_records = self._wal_bytes = 0
-            self._write_snapshot(key, frame, old_gen)
+                gen = self.log.roll()
+            self.log.write_snapshot(key, frame, gen)
             del frame
         heap.trim()  # the replaced partition's lists were freed: return their pages
         self._wrote()  # and once more when quiet, for what was freed after this point
@@ -495,10 +458,8 @@ class Shard:
                 self._ensure_loaded(key)
                 self.keys.begin(key, new_key, epoch)
                 frame = self._capture()
-                self.gen += 1
-                self._wal_records = self._wal_bytes = 0
-                gen = self.gen
-            self._put_snapshot(new_key, epoch, frame, gen)
+                gen = self.log.roll()
+            self.log.put_snapshot(new_key, epoch, frame, gen)
 
     def commit_rotation(self, epoch: int) -> None:
         """Step 5, after the switch to ``epoch``: write under the next key only. A partition

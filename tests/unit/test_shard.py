@@ -206,7 +206,7 @@ def test_an_ambiguous_wal_append_never_costs_a_later_acknowledged_write(tmp_path
     x = clustered(30, 8, seed=4)
     shard = new_shard(tmp_path)
     shard.upsert(KEY, batch(x[:10], 0))
-    shard.store = CommitsThenFails(shard.store)  # type: ignore[assignment]
+    shard.store = shard.log.store = CommitsThenFails(shard.store)  # type: ignore[assignment]
     with pytest.raises(StoreError):
         shard.upsert(KEY, batch(x[10:20], 10))  # not acknowledged (but stored)
     shard.upsert(KEY, batch(x[20:30], 20))  # acknowledged

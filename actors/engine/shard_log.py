@@ -1,0 +1,94 @@
+"""Where one shard's state lies in the store (actors.storage.persistence): its latest snapshot
+generation, the write-ahead log since, sealed under every key the shard writes with
+(actors.engine.shard_keys), and when the log is due to roll into a new snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from actors.engine.shard_keys import ShardKeys
+from actors.storage import Store, persistence
+
+
+class ShardLog:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        index_id: str,
+        shard_no: int,
+        keys: ShardKeys,
+        max_records: int,
+        max_bytes: int,
+    ) -> None:
+        self.store, self.name, self.index_id, self.shard_no = store, name, index_id, shard_no
+        self.keys = keys
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self.gen = 0  # the snapshot generation; WAL records go to the log of this generation
+        self.seq = 0  # the last record's number
+        self.records = 0  # records written since the last snapshot
+        self.bytes = 0
+
+    def snapshot(self, key: bytes) -> bytes | None:
+        """The latest snapshot's frame (None: there is none yet); its generation becomes the
+        current one."""
+        ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
+        snaps = persistence.generations(self.store, ix, no, "snap", epoch)
+        if not snaps:
+            return None
+        self.gen = snaps[-1]
+        blob = self.store.get(persistence.snap_key(ix, no, self.gen, epoch))
+        assert blob is not None
+        return persistence.open_snapshot(key, self.name, no, self.gen, blob)
+
+    def replay(self, key: bytes, apply: Callable[[str, Any], None]) -> None:
+        """``apply(op, payload)`` for every record after :attr:`seq`, in order."""
+        ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
+        for gen in persistence.generations(self.store, ix, no, "wal", epoch):
+            if gen < self.gen:
+                continue
+            records = persistence.records(self.store, key, self.name, ix, no, epoch, gen, self.seq)
+            for seq, op, payload, size in records:
+                if seq <= self.seq:
+                    continue
+                apply(op, payload)
+                self.seq = seq
+                self.records += 1
+                self.bytes += size
+            self.gen = max(self.gen, gen)
+
+    def append(self, key: bytes, frame: bytes) -> None:
+        """Seal and durably append one record; while the key rotates, under the next key first,
+        then under the current one (actors.control.rotation)."""
+        # The number is used up even if the append fails: a failure can be ambiguous (committed
+        # but not confirmed), and a later record reusing the number would be skipped on replay.
+        self.seq = seq = self.seq + 1
+        for sealing, epoch in self.keys.sealing(key):
+            record = persistence.seal_record(
+                sealing, self.name, self.shard_no, self.gen, seq, frame
+            )
+            self.store.append(
+                persistence.wal_key(self.index_id, self.shard_no, self.gen, epoch), record
+            )
+        self.records += 1
+        self.bytes += len(record)
+
+    def due(self) -> bool:
+        return self.records >= self.max_records or self.bytes >= self.max_bytes
+
+    def roll(self) -> int:
+        """Start the next generation (records go to its log from now on); returns it."""
+        self.gen += 1
+        self.records = self.bytes = 0
+        return self.gen
+
+    def write_snapshot(self, key: bytes, frame: bytes, gen: int) -> None:
+        """``frame`` as snapshot ``gen``; while the key rotates, under both keys."""
+        for sealing, epoch in self.keys.sealing(key):
+            self.put_snapshot(sealing, epoch, frame, gen)
+
+    def put_snapshot(self, key: bytes, epoch: int, frame: bytes, gen: int) -> None:
+        persistence.put_snapshot(
+            self.store, key, self.name, self.index_id, self.shard_no, epoch, frame, gen
+        )
