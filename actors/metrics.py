@@ -4,7 +4,7 @@ metrics export (``ray.util.metrics``) by a background thread (:class:`RayExport`
 
 Recording costs a dict look-up and a few list increments (no Ray call, no lock in the gateway's
 single event-loop thread; the multi-threaded pool actor passes a lock). Ray's own recording
-costs about 1.2-1.9 us a call, so it is done off the request path: every ``period_s`` the
+costs far more per call, so it is done off the request path: every ``period_s`` the
 exporter sends each counter's increase, each gauge's value and, per histogram bucket, the
 observations added since the last pass (each at the mean of that bucket's new values, which lies
 inside the bucket: Ray's buckets, sums and counts equal the in-process ones).
@@ -26,6 +26,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from actors import constants
+
 log = logging.getLogger("vaultvec.metrics")
 
 Labels = tuple[str, ...]
@@ -34,18 +36,6 @@ HistogramRow = tuple[tuple[int, ...], tuple[float, ...]]
 
 INDEX_ID = "index_id"  # internal label: mapped to index names or summed away before export
 INTERNAL = "vaultvec_internal_"  # families only the gateway's scrape reads (not sent to Ray)
-
-LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
-STAGE_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 5.0,
-)  # fmt: skip
-# Ray records a histogram observation in ~1.2-1.9 us: a pass replaying many yields the GIL
-# every YIELD_EVERY of them, so the request path never waits behind the whole pass.
-YIELD_EVERY = 256
-TRAINING_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -294,7 +284,7 @@ class RayExport:
                         value = bucket_value(ds / dn, f.buckets, at)
                         for i in range(dn):
                             m.observe(value, tags)
-                            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                            if i % constants.EXPORT_YIELD_EVERY == constants.EXPORT_YIELD_EVERY - 1:
                                 time.sleep(0)  # let the event loop have the GIL meanwhile
         self._last[f.name] = f.series
 
@@ -318,9 +308,6 @@ def export_to_ray(
 
 
 # -- the control plane's part ----------------------------------------------------------------
-GATEWAY_STALE_S = 60.0  # a gateway replica silent this long is gone (its counts leave the sum)
-
-
 @dataclass(frozen=True)
 class ServiceReport:
     """What the control plane answers a gateway's scrape: the other gateway replicas' latest
@@ -349,7 +336,7 @@ class ControlMetrics:
             "vaultvec_index_training_seconds",
             "duration of training runs",
             (INDEX_ID,),
-            TRAINING_BUCKETS,
+            constants.TRAINING_BUCKETS,
         )
         self.registry.collector(catalog)
         self._gateways: dict[str, tuple[float, list[Family]]] = {}
@@ -366,6 +353,6 @@ class ControlMetrics:
     def gateways_except(self, replica: str) -> list[list[Family]]:
         now = time.monotonic()
         for name, (at, _) in list(self._gateways.items()):
-            if now - at > GATEWAY_STALE_S:
+            if now - at > constants.GATEWAY_STALE_S:
                 self._gateways.pop(name, None)
         return [f for name, (_, f) in list(self._gateways.items()) if name != replica]

@@ -140,8 +140,8 @@ class Partition:
 
     def encode(self) -> str:
         """The form a call to a pool actor carries (:class:`actors.pool.client.ShardClient`): Ray
-        passes a str argument for 40-60 us less per call than the dataclass, counting both ends
-        (benchmarks/shard_hop.py)."""
+        passes a str argument for less per call than the dataclass, counting both ends (figures:
+        docs/performance.md; benchmarks/shard_hop.py)."""
         return f"{self.shard_no}:{self.index_id}:{self.name}"
 
     @staticmethod

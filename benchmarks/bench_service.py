@@ -73,9 +73,9 @@ from common import (
     upsert_batches,
 )
 
+from actors.constants import TRIM_AFTER_WRITES_S
 from actors.control.training import TrainParams, auto_n_lists, sample_size, train_template
 from actors.engine.ivf import rank_lists
-from actors.engine.shard import TRIM_AFTER_WRITES_S
 from cluster.client import Client, generate_key
 from tests.helpers import clustered, exact_knn
 

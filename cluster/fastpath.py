@@ -8,16 +8,17 @@ default; ``VAULTVEC_SERVE_FAST_PATH=false`` keeps Serve's stock proxy and Ray's 
   deployments, less per-request logging, the garbage collector frozen after start-up).
 - ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1``: what throughput mode turns off, kept on, so that
   a DeploymentHandle called from outside a replica (the bulk driver's Ray transport) works.
-- ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``: gRPC's maximum rather than 4 MiB, so that a
-  bulk batch over the Ray transport fits in one message.
+- ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``: gRPC's maximum rather than its default, so
+  that a bulk batch over the Ray transport fits in one message.
 - ``RAY_max_direct_call_object_size``: Ray passes a call's arguments and results of up to
-  1 MiB inside the call rather than through its object store (Ray's default: 100 KiB).
+  cluster.constants.RAY_DIRECT_CALL_BYTES inside the call rather than through its object store
+  (Ray's default: 100 KiB).
 
-Measured against Serve's stock settings side by side in docs/performance.md (Serve fast path;
-`benchmarks/serve_modes.py`). Serve reads these variables when
-it is imported, in every process: they are set here before anything imports ``ray.serve``, and
-a local Ray started afterwards passes them to its processes. A Ray cluster you start yourself
-(``ray start``, KubeRay) needs them in its nodes' environment (docs/deployment.md).
+Figures against Serve's stock settings, side by side: docs/performance.md (Serve fast path;
+`benchmarks/serve_modes.py`). Serve reads these variables when it is imported, in every
+process: they are set here before anything imports ``ray.serve``, and a local Ray started
+afterwards passes them to its processes. A Ray cluster you start yourself (``ray start``,
+KubeRay) needs them in its nodes' environment (docs/deployment.md).
 Trade-off: HAProxy makes the replicas' own HTTP ports listen on the ``--host`` interface (each
 answers only requests with the API key, in plain HTTP).
 
@@ -39,29 +40,29 @@ import sys
 import tempfile
 
 from actors.process import private
-from cluster import haproxy_guard
+from cluster import constants, haproxy_guard
 
 ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
-    # Throughput mode's gRPC between deployments: a replica's server takes messages of up to
-    # 4 MiB unless told otherwise, and a bulk batch over the Ray transport is often larger
-    # (its rows are bounded by vaultvec's own limits, not by the transport). gRPC's maximum.
+    # Throughput mode's gRPC between deployments: a replica's server takes messages up to
+    # gRPC's default limit unless told otherwise, and a bulk batch over the Ray transport is
+    # often larger (its rows are bounded by vaultvec's own limits, not by the transport).
+    # gRPC's maximum.
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
-    # Ray itself: a 1,000-query batch of 128 dimensions (0.6 MB) to its shard and its result
-    # back take ~2 ms less inside the call than through the object store. Not more than 1 MiB:
-    # with 8 MiB, a 100k-vector ingest in 5,000-item batches (2.6 MB each) left the shards
-    # 1,215 bytes per vector resident instead of 690 (docs/performance.md).
-    "RAY_max_direct_call_object_size": str(1 << 20),
+    # Ray itself: a query batch to its shard and its result back take less time inside the
+    # call than through the object store; a larger limit leaves an ingest's batches resident in
+    # the shards (figures: docs/performance.md).
+    "RAY_max_direct_call_object_size": str(constants.RAY_DIRECT_CALL_BYTES),
 }
 
 
 # Fixed ports unless told otherwise, so each service gets free ones: HAProxy's stats and metrics
-# listeners (8404, 9101: a second service on the machine failed to start), and the port of
+# listeners (8404, 9101: a second service on the machine would fail to start), and the port of
 # Serve's Python proxy, which HAProxy keeps as a backup backend (8500, gRPC 9500). Proxies bind
-# that one with SO_REUSEPORT, so a second service shared it with the first, and while its own
-# gateway was not yet up its HAProxy's backup sent requests to the other service.
+# that one with SO_REUSEPORT, so a second service would share it with the first, and while its
+# own gateway is not yet up its HAProxy's backup would send requests to the other service.
 PORTS = (
     "RAY_SERVE_HAPROXY_STATS_PORT",
     "RAY_SERVE_HAPROXY_METRICS_PORT",
@@ -191,16 +192,14 @@ def haproxy_paths(base: str) -> dict[str, str]:
 
 # Ports picked here lie below the kernel's ephemeral range: a port picked there (by binding port
 # 0) is free when picked, but every process's outgoing connections take theirs from that range,
-# and while a service starts, one of its own took the port before HAProxy bound it (HAProxy
-# exited: "Address already in use"). And above Ray's worker ports (10002-19999 by default).
-PORTS_FROM = 20_000
-
-
+# and while a service starts, one of its own can take the port before HAProxy binds it (HAProxy
+# then exits: "Address already in use"). And above Ray's worker ports: from
+# cluster.constants.PORTS_FROM.
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, out of the ephemeral range."""
     below = ephemeral_ports()[0]
-    for _ in range(200) if below > PORTS_FROM + 1 else ():
-        port = random.randrange(PORTS_FROM, below)
+    for _ in range(200) if below > constants.PORTS_FROM + 1 else ():
+        port = random.randrange(constants.PORTS_FROM, below)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

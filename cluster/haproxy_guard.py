@@ -32,7 +32,8 @@ process that started them, HAProxy did not (a killed ``vaultvec serve`` left it 
 port, and the restart failed to bind). So the guard asks the kernel to kill it when its parent
 dies (PR_SET_PDEATHSIG, Linux), which survives the exec.
 
-Standard library only: it runs for every HAProxy start and reload.
+Standard library only (and cluster.constants, which imports nothing): it runs for every
+HAProxy start and reload.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
+
+from cluster import constants
 
 CERT_ENV, KEY_ENV = "VAULTVEC_TLS_CERT", "VAULTVEC_TLS_KEY"
 REAL_ENV = "VAULTVEC_HAPROXY_BINARY"  # the HAProxy to become; default: ray[serve]'s bundled one
@@ -57,9 +60,6 @@ _STATS_SOCKET = re.compile(r"^(\s*)stats\s+socket\s+(\S+)(.*)$")
 _MODE = re.compile(r"\bmode\s+\S+")
 _KEEP_ALIVE = re.compile(r"^\s*timeout\s+http-keep-alive\s+(\d+)(ms|s)?\s*$")
 _DEFAULT_SERVER = re.compile(r"^\s*default-server\b")
-# Idle connections HAProxy may hold at once (its maxconn, 4096 under Serve) are all purged
-# within log2(4096) + 1 = 13 purge periods; 16 leaves a margin.
-PURGE_PERIODS = 16
 
 
 def purge_delay_ms(text: str) -> int | None:
@@ -76,7 +76,7 @@ def purge_delay_ms(text: str) -> int | None:
     override = os.environ.get("RAY_SERVE_HTTP_KEEP_ALIVE_TIMEOUT_S", "")
     if override.isdigit() and int(override) > 0:
         found.append(int(override) * 1000)
-    return max(100, min(found) // PURGE_PERIODS) if found else None
+    return max(100, min(found) // constants.PURGE_PERIODS) if found else None
 
 
 class UnsafeConfig(ValueError):

@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from ray import serve
 
+from actors.constants import GATEWAY_TRIM_THRESHOLD
 from actors.control.client import ControlClient
 from actors.control.plane import CONTROL_NAME, NAMESPACE, ControlPlane
 from actors.pool import channel
@@ -129,7 +130,7 @@ class Gateway:
     def __init__(self, settings: dict[str, Any], embedder: Any = None) -> None:
         replica_grpc.bind_to_node_address()
         # Request bodies and results recycled in one arena, its top kept (see actors.process.heap).
-        heap.configure(trim_threshold=heap.GATEWAY_TRIM_THRESHOLD)
+        heap.configure(trim_threshold=GATEWAY_TRIM_THRESHOLD)
         s = Settings(**settings)
         if not s.api_key:
             raise ValueError("no API key configured (VAULTVEC_API_KEY)")
@@ -190,7 +191,7 @@ class Gateway:
 
 # OpenMP threads that wait passively: the coarse quantizer's worker threads would otherwise
 # spin between parallel regions and take the cores from the shards (a batch's coarse step
-# several times slower on busy cores; docs/performance.md). Read when faiss loads, hence set
+# slows down badly on busy cores; figures: docs/performance.md). Read when faiss loads, hence set
 # in the replica's environment rather than in __init__; so are glibc's (actors.process.heap).
 GATEWAY_ENV = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE", **heap.GATEWAY_ENV}}
 

@@ -34,15 +34,12 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serve_app import constants
 from serve_app.access import context
 from serve_app.access.context import RequestContext
 from serve_app.telemetry import REGISTRY, StatusSend, track
 
 log = logging.getLogger("vaultvec.audit")
-
-QUEUE_SIZE = 50_000  # records waiting for the writer before new ones are dropped
-BATCH = 1_000  # records written at once
-WARN_EVERY_S = 60.0
 
 
 class AuditLog:
@@ -52,7 +49,7 @@ class AuditLog:
         self.target = target
         self.max_bytes = max_bytes
         self.backups = backups
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(QUEUE_SIZE)
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue(constants.AUDIT_QUEUE_SIZE)
         self.dropped = 0
         self._warned = 0.0
         self._thread = threading.Thread(target=self._run, name="vaultvec-audit", daemon=True)
@@ -75,7 +72,7 @@ class AuditLog:
         self.dropped += n
         DROPPED.inc((), n)
         now = time.monotonic()
-        if now - self._warned > WARN_EVERY_S:
+        if now - self._warned > constants.AUDIT_WARN_EVERY_S:
             self._warned = now
             log.warning("audit log: %d record(s) dropped: %s", n, why)
 
@@ -83,7 +80,7 @@ class AuditLog:
         while True:
             batch = [self.queue.get()]
             with contextlib.suppress(queue.Empty):
-                while len(batch) < BATCH:
+                while len(batch) < constants.AUDIT_BATCH:
                     batch.append(self.queue.get_nowait())
             try:
                 self._append(b"".join(orjson.dumps(r) + b"\n" for r in batch))

@@ -44,14 +44,14 @@ def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
     """One vector or a list of them, read by numpy when it can be, else validated by
     ``strict`` (the field's own validation: JSON numbers only, no booleans or strings).
 
-    A batch of 1,000 queries of 128 dimensions holds 128,000 numbers: numpy reads the lists in
-    one pass, in about the time pydantic's check of them took alone, so the batch is not read
-    twice. numpy takes a JSON ``true`` for 1 and ``false`` for 0, so the entries it read as
-    exactly 0 or 1 are looked at one by one; anything else that numpy does not read as plain
-    numbers in one or two dimensions (strings, nulls, ragged or nested lists, integers beyond
-    64 bits), or where more than one entry in eight is 0 or 1, goes through ``strict``, whose
-    errors name the entry as for every other field. Integers come back as float64, as JSON
-    numbers read by pydantic do."""
+    A query batch holds many numbers: numpy reads the lists in one pass, in about the time
+    pydantic's check of them alone would take, so the batch is not read twice. numpy takes a
+    JSON ``true`` for 1 and ``false`` for 0, so the entries it read as exactly 0 or 1 are
+    looked at one by one; anything else that numpy does not read as plain numbers in one or two
+    dimensions (strings, nulls, ragged or nested lists, integers beyond 64 bits), or where more
+    than one entry in eight is 0 or 1, goes through ``strict``, whose errors name the entry as
+    for every other field. Integers come back as float64, as JSON numbers read by pydantic
+    do."""
     if isinstance(value, list) and value:
         try:
             arr = np.array(value)

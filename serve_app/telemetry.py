@@ -8,10 +8,11 @@ and the engine noted with :func:`lap` (parse, unlock, embed, plan, search, merge
 write). A stage noted twice (a re-planned search) adds up. Nothing about the request's contents
 is kept: labels are route paths, status codes and stage names.
 
-Reporting: every gateway replica pushes its series to the control plane every EXPORT_S (and
-mirrors them to Ray's per-node export, actors.metrics.RayExport); a scrape sends this replica's
-own and gets the others', the control plane's and each pool actor's (actors.metrics.ServiceReport),
-sums them (:func:`render`) and writes the text with prometheus_client.
+Reporting: every gateway replica pushes its series to the control plane every
+serve_app.constants.METRICS_EXPORT_S (and mirrors them to Ray's per-node export,
+actors.metrics.RayExport); a scrape sends this replica's own and gets the others', the control
+plane's and each pool actor's (actors.metrics.ServiceReport), sums them (:func:`render`) and
+writes the text with prometheus_client.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import metrics as m
+from actors.constants import LATENCY_BUCKETS, STAGE_BUCKETS
 from actors.errors import VaultvecError
+from serve_app import constants
 
-EXPORT_S = 5.0
 OTHER = "other"  # the route label of paths the app does not serve
 
 
@@ -111,13 +113,13 @@ DURATION = REGISTRY.histogram(
     "vaultvec_request_duration_seconds",
     "time from a request's arrival to its answer, by route",
     ("route",),
-    m.LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
 STAGES = REGISTRY.histogram(
     "vaultvec_request_stage_seconds",
     "time spent in each stage of a request, by route",
     ("route", "stage"),
-    m.STAGE_BUCKETS,
+    STAGE_BUCKETS,
 )
 _STATUS = {code: str(code) for code in range(100, 600)}
 
@@ -236,7 +238,7 @@ _REPORTING: set[bool] = set()  # non-empty once this process reports
 
 def start_reporting(engine: Any) -> None:
     """Add the replica's recall collector, mirror its series to Ray and push them to the
-    control plane every EXPORT_S (from the exporter's thread; fire and forget). Once per
+    control plane every METRICS_EXPORT_S (from the exporter's thread; fire and forget). Once per
     process, with the replica's engine (serve_app.gateway.engine.Engine)."""
     if _REPORTING:
         return
@@ -247,7 +249,7 @@ def start_reporting(engine: Any) -> None:
     def push(families: list[m.Family]) -> None:
         engine.control.report_metrics(me, families)
 
-    m.export_to_ray(REGISTRY, EXPORT_S, push)
+    m.export_to_ray(REGISTRY, constants.METRICS_EXPORT_S, push)
 
 
 # -- the whole service's view --------------------------------------------------------------

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import ray
 
+from actors import constants
 from actors.control.training import (
     TrainParams,
     auto_n_lists,
@@ -22,9 +23,6 @@ from actors.errors import InvalidRequest
 from actors.pool.client import ShardClient
 from actors.storage import Store, persistence
 from actors.types import IndexConfig
-
-#: Items re-inserted per step of a partition's rebuild when the request names no batch size.
-REBUILD_BATCH = 65536
 
 
 def train(
@@ -62,6 +60,6 @@ def train(
     )
     blob = serialize(template)
     persistence.write_template(store, key, new_cfg, blob)
-    batch = params.batch_size or REBUILD_BATCH
+    batch = params.batch_size or constants.REBUILD_BATCH
     ray.get(ShardClient.rebuild_all(shards, key, new_cfg.version, blob, table, batch))
     return new_cfg

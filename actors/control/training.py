@@ -24,12 +24,10 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from actors import constants
 from actors.engine.ivf import PartitionIndex, new_ivf
 from actors.engine.search import merge_topk, slack_needed
 from actors.errors import InvalidRequest
-
-CALIBRATION_TOPKS = (1, 10, 100)
-MAX_POINTS_PER_LIST = 256
 
 
 @dataclass(frozen=True)
@@ -81,14 +79,16 @@ def kmeans(x: np.ndarray, k: int, max_iters: int, tolerance: float | None, seed:
         return x.mean(axis=0, keepdims=True).astype(np.float32)
     if not tolerance:
         km = faiss.Kmeans(
-            d, k, niter=max_iters, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST
+            d, k, niter=max_iters, seed=seed, max_points_per_centroid=constants.MAX_POINTS_PER_LIST
         )
         km.train(x)
         return np.asarray(km.centroids, dtype=np.float32)
     centroids: np.ndarray | None = None
     previous = math.inf
     for _ in range(max_iters):
-        km = faiss.Kmeans(d, k, niter=1, seed=seed, max_points_per_centroid=MAX_POINTS_PER_LIST)
+        km = faiss.Kmeans(
+            d, k, niter=1, seed=seed, max_points_per_centroid=constants.MAX_POINTS_PER_LIST
+        )
         km.train(x, init_centroids=centroids)
         centroids = np.asarray(km.centroids, dtype=np.float32)
         objective = float(km.obj[-1])
@@ -110,7 +110,7 @@ def calibrate_nprobe(
     n = len(sample)
     nlist = int(template.nlist)
     if n < 20 or nlist == 1:
-        return tuple((k, nlist) for k in CALIBRATION_TOPKS)
+        return tuple((k, nlist) for k in constants.CALIBRATION_TOPKS)
     rng = np.random.default_rng(seed)
     n_queries = min(n_queries, max(10, n // 10))
     perm = rng.permutation(n)
@@ -120,7 +120,7 @@ def calibrate_nprobe(
     exact = faiss.IndexFlatL2(base.shape[1])
     exact.add(base)
     table = []
-    for k in CALIBRATION_TOPKS:
+    for k in constants.CALIBRATION_TOPKS:
         k_eff = min(k, len(base))
         _, truth = exact.search(queries, k_eff)
         # Compressed codes (SQ/PQ) cap recall below 1 whatever the probes: aim at the target
@@ -164,7 +164,7 @@ def calibrate_probing(
     nlist = int(template.nlist)
     fixed = dict(nprobe_table)
     if n < 20 or nlist == 1 or not fixed:
-        return tuple((k, nlist, 0.0, 0.0) for k in CALIBRATION_TOPKS)
+        return tuple((k, nlist, 0.0, 0.0) for k in constants.CALIBRATION_TOPKS)
     rng = np.random.default_rng(seed)
     n_queries = min(n_queries, max(10, n // 10))
     perm = rng.permutation(n)
@@ -184,10 +184,10 @@ def calibrate_probing(
         rows = np.arange(len(base)) if mask is None else np.flatnonzero(mask)
         exact = faiss.IndexFlatL2(base.shape[1])
         exact.add(base[rows])
-        _, found = exact.search(queries, min(max(CALIBRATION_TOPKS), len(rows)))
+        _, found = exact.search(queries, min(max(constants.CALIBRATION_TOPKS), len(rows)))
         truths.append(rows[found])
     out = []
-    for k in CALIBRATION_TOPKS:
+    for k in constants.CALIBRATION_TOPKS:
         first = max(1, math.ceil(fixed[k] / 2))
         slacks = []
         for mask, full_truth in zip((None, subset), truths):
@@ -276,7 +276,7 @@ def _smallest_nprobe(
 
 
 def sample_size(n_lists: int, n_total: int, dimension: int, max_memory: int | None) -> int:
-    size = min(n_total, max(n_lists * MAX_POINTS_PER_LIST, 20_000))
+    size = min(n_total, max(n_lists * constants.MAX_POINTS_PER_LIST, 20_000))
     if max_memory:
         size = min(size, max(n_lists, max_memory // (4 * dimension)))
     return size

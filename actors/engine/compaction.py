@@ -2,8 +2,8 @@
 
 A shard hands out item labels in order and never reuses them (actors.engine.items): a replaced or
 deleted item leaves a dead row in every per-label array (ids, id map, metadata, contents,
-norms, liveness, the filter columns, the partition's label -> list map). Replacing the same
-20,000 items six times took a shard from 1,512 to 3,109 bytes per live item.
+norms, liveness, the filter columns, the partition's label -> list map): replacing the same
+items a few times doubles a shard's bytes per live item (figures: docs/performance.md).
 
 Compaction relabels the live items onto 0..n-1, keeping their order, once dead rows pile up
 (:func:`due`). It runs in two steps so that searches go on meanwhile (Shard._lay_out_lists):
@@ -31,23 +31,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actors import constants
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex
 
 log = logging.getLogger("vaultvec.compaction")
 
-# Compact once dead rows are this share of the rows: the copy takes time in proportion to the
-# live rows, so it is paid at most once per live/3 replacements or deletes (at 25% dead,
-# dead/live = 1/3), and a shard whose writes paused holds at most a third as many dead rows
-# as live ones.
-COMPACT_DEAD_SHARE = 0.25
-# ...and at least this many (~2 MB at the ~500 bytes a small item's row holds): a shard of a
-# few thousand items is not copied again after every pause in a trickle of writes.
-COMPACT_DEAD_MIN = 4096
-
 
 def due(
-    items: ItemTable, share: float = COMPACT_DEAD_SHARE, minimum: int = COMPACT_DEAD_MIN
+    items: ItemTable,
+    share: float = constants.COMPACT_DEAD_SHARE,
+    minimum: int = constants.COMPACT_DEAD_MIN,
 ) -> bool:
     """Do the dead rows reach ``share`` of all rows and ``minimum``?"""
     dead = items.dead_rows()
@@ -82,8 +76,8 @@ class Compaction:
 def prepare(
     items: ItemTable,
     partition: PartitionIndex | None,
-    share: float = COMPACT_DEAD_SHARE,
-    minimum: int = COMPACT_DEAD_MIN,
+    share: float = constants.COMPACT_DEAD_SHARE,
+    minimum: int = constants.COMPACT_DEAD_MIN,
 ) -> Compaction | None:
     """A :class:`Compaction` of ``items`` when one is :func:`due`, else None. Only reads
     ``items`` and ``partition`` (caller holds at least the read lock)."""

@@ -1,13 +1,13 @@
 """A shard's item ids -> labels, at 16 bytes per item instead of a dict entry per id.
 
-A ``dict[str, int]`` costs a shard about 120 bytes per item (the key string, the label as an
-int object, the table slot): a quarter of a 128-float vector. Here each id is held once, in the
-item table's packed :class:`~actors.engine.strings.StringColumn`; the map keeps a sorted array of
-64-bit hashes and the labels beside it, answers a batch of lookups with one ``searchsorted``,
-and confirms every hit against the stored id bytes, so a hash collision can never return
-another item. The rare id whose hash another live id already holds goes to a small ``overflow``
-dict. Small writes gather in ``recent`` (hash -> label) and are merged into the arrays when it
-grows past a fraction of them, so a write costs amortised O(log n).
+A ``dict[str, int]`` costs a shard several times that per item (the key string, the label as
+an int object, the table slot), a sizeable share of a vector's own bytes. Here each id is held
+once, in the item table's packed :class:`~actors.engine.strings.StringColumn`; the map keeps a
+sorted array of 64-bit hashes and the labels beside it, answers a batch of lookups with one
+``searchsorted``, and confirms every hit against the stored id bytes, so a hash collision can
+never return another item. The rare id whose hash another live id already holds goes to a small
+``overflow`` dict. Small writes gather in ``recent`` (hash -> label) and are merged into the
+arrays when it grows past a fraction of them, so a write costs amortised O(log n).
 
 Hashes are Python's ``hash(str)``: cached on the string, salted per process, never persisted.
 """
@@ -18,10 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from actors import constants
 from actors.engine.strings import StringBlock
-
-MERGE_MIN = 4096  # recent entries always tolerated before a merge
-BULK = 1024  # a write of more ids than this goes straight into the sorted arrays
 
 
 class IdMap:
@@ -122,11 +120,11 @@ class IdMap:
         for row in np.flatnonzero(taken).tolist():
             self.overflow[ids[row]] = int(labels[row])
         new = ~(reuse | taken)
-        if int(new.sum()) > BULK:
+        if int(new.sum()) > constants.IDMAP_BULK:
             self._merge(hashes[new], labels[new])
         else:
             self.recent.update(zip(hashes[new].tolist(), labels[new].tolist()))
-            if len(self.recent) > max(MERGE_MIN, len(self.keys) // 8):
+            if len(self.recent) > max(constants.IDMAP_MERGE_MIN, len(self.keys) // 8):
                 self._merge(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
         self.count += len(ids)
 

@@ -16,6 +16,7 @@ import faiss
 import numpy as np
 from faiss import swig_ptr
 
+from actors import constants
 from actors.errors import InvalidRequest
 
 
@@ -60,7 +61,7 @@ MAX_NORM = float(np.sqrt(np.finfo(np.float32).max)) / 2  # ~9.2e18
 
 def too_large(x: np.ndarray) -> np.ndarray:
     """Row numbers of ``x`` that are not finite or whose norm exceeds MAX_NORM."""
-    # Squared in place in a float64 copy, then summed. Not einsum: it takes 20 KB more of the
+    # Squared in place in a float64 copy, then summed. Not einsum: it takes more of the
     # calling thread's stack, and each of a shard pool actor's call threads keeps what it
     # touched resident (docs/performance.md, many indexes and churn).
     x64 = np.array(x, dtype=np.float64)
@@ -95,23 +96,15 @@ def centroids_of(index: faiss.IndexIVF) -> np.ndarray:
     return index.quantizer.reconstruct_n(0, index.nlist)
 
 
-# A removal touching up to this many lists is done list by list here; beyond it faiss's own
-# scan of every list (C++, on all threads) is quicker.
-PER_LIST_REMOVE_MAX = 64
-# Lists are laid out afresh (PartitionIndex.laid_out) once the entries added or removed since
-# their last exact layout reach this share of the partition (and at least COMPACT_MIN).
-COMPACT_SHARE = 0.25
-COMPACT_MIN = 4096
-
-
 class PartitionIndex:
     """A faiss IVF index with integer labels, per-list radii and preassigned search.
 
     Removing or reconstructing an item needs the list that holds its label. faiss can keep
-    that map itself (``DirectMap.Hashtable``), but its hash table costs 30 to 50 resident
-    bytes per vector, allocated node by node, whose nodes are left scattered over the heap when
-    a training swap frees the old lists. Here the map is :attr:`list_of`, 4 bytes per label,
-    and an item's offset is found by scanning its one list; faiss keeps no map (``NoMap``).
+    that map itself (``DirectMap.Hashtable``), but its hash table holds several times the
+    resident bytes per vector of the map here, allocated node by node, whose nodes are left
+    scattered over the heap when a training swap frees the old lists. Here the map is
+    :attr:`list_of`, 4 bytes per label, and an item's offset is found by scanning its one
+    list; faiss keeps no map (``NoMap``).
     """
 
     def __init__(self, index: faiss.IndexIVF, radii: np.ndarray | None = None):
@@ -215,7 +208,7 @@ class PartitionIndex:
         if len(labels) == 0:
             return
         groups = self._groups(labels)
-        if len(groups) > PER_LIST_REMOVE_MAX:
+        if len(groups) > constants.PER_LIST_REMOVE_MAX:
             self.index.remove_ids(labels)  # without a direct map: one scan of every list
         else:
             invlists, removed = self.index.invlists, 0
@@ -239,7 +232,9 @@ class PartitionIndex:
     def needs_layout(self) -> bool:
         """Enough adds and removals since the last exact layout to make :meth:`laid_out`
         worth its copy."""
-        return self.churn >= max(COMPACT_MIN, COMPACT_SHARE * self.ntotal)
+        return self.churn >= max(
+            constants.LISTS_COMPACT_MIN, constants.LISTS_COMPACT_SHARE * self.ntotal
+        )
 
     def laid_out(self) -> faiss.ArrayInvertedLists:
         """A copy of the lists, each allocated at exactly its size, for :meth:`use_lists`.
@@ -354,7 +349,11 @@ class PartitionIndex:
         but the speed.
         """
         n = len(x)
-        order = locality_order(list_nos, self.list_rank) if n >= LOCALITY_MIN_QUERIES else None
+        order = (
+            locality_order(list_nos, self.list_rank)
+            if n >= constants.LOCALITY_MIN_QUERIES
+            else None
+        )
         if order is not None:
             x, list_nos, coarse_dis = x[order], list_nos[order], coarse_dis[order]
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -407,14 +406,10 @@ def _runs(values: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], len(values)]))
 
 
-# Below this many queries a batch is searched as it comes: too few share lists to matter.
-LOCALITY_MIN_QUERIES = 32
-
-
 def principal_rank(centroids: np.ndarray, sample: int = 4096, iterations: int = 20) -> np.ndarray:
     """Rank of each centroid along the centroids' first principal axis; lists with close ranks
     lie close together. The axis comes from power iteration on at most ``sample`` centroids,
-    so it costs milliseconds for any n_lists; the fixed seed gives every shard the same ranks."""
+    so it stays cheap for any n_lists; the fixed seed gives every shard the same ranks."""
     n = len(centroids)
     rng = np.random.default_rng(0)
     rows = rng.choice(n, sample, replace=False) if n > sample else slice(None)

@@ -141,8 +141,8 @@ def _adaptive_one(
     counts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_adaptive` of one query, the same steps on its row as plain Python lists:
-    numpy's calls on arrays of one row cost more than the scan (a single query's search
-    went 173 -> ~60 us in-process). Same lists, same faiss calls, same merge: the same
+    numpy's calls on arrays of one row cost more than the scan (figures:
+    docs/performance.md). Same lists, same faiss calls, same merge: the same
     answer bit for bit (tests/unit/test_partition.py)."""
     plan = list_nos.shape[1]
     lists = list_nos[0].tolist()

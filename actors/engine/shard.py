@@ -23,6 +23,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from actors import constants
 from actors.engine import compaction, search, shard_state
 from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
@@ -45,12 +46,6 @@ from actors.types import (
 )
 
 log = logging.getLogger("vaultvec.shard")
-
-# A shard tidies its memory once writes have paused this long (Shard._tidy_when_idle).
-TRIM_AFTER_WRITES_S = 1.0
-
-# Batches of at least this many queries search with the shard's threads, smaller ones with one.
-BATCH_THREADS_MIN = 32
 
 
 class Shard:
@@ -188,9 +183,9 @@ class Shard:
 
     # -- writes -----------------------------------------------------------------------------
     def _wrote(self) -> None:
-        """Note a write (or a rebuild): once writes pause for TRIM_AFTER_WRITES_S, memory is
+        """Note a write (or a rebuild): once writes pause for constants.TRIM_AFTER_WRITES_S, memory is
         tidied (:meth:`_tidy`)."""
-        self._quiet.poke(TRIM_AFTER_WRITES_S)
+        self._quiet.poke(constants.TRIM_AFTER_WRITES_S)
 
     def _tidy(self) -> None:
         """Growing lists and arrays leave their outgrown blocks free inside the heap, where
@@ -331,7 +326,7 @@ class Shard:
         # Small batches search on this thread alone: starting OpenMP's team costs more than
         # their scan, and concurrent single queries already use the cores.
         nq, k = len(req.queries), req.k
-        faiss.omp_set_num_threads(self.threads if nq >= BATCH_THREADS_MIN else 1)
+        faiss.omp_set_num_threads(self.threads if nq >= constants.BATCH_THREADS_MIN else 1)
         with self._reading(key):
             part = self.partition
             if part is None or part.ntotal == 0:

@@ -9,16 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from actors import constants
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex, serialize, too_large
 from actors.storage import codec
 from actors.types import UpsertBatch
 
 log = logging.getLogger("vaultvec.shard")
-
-#: Memory per item beside its lists, metadata and contents (ids, id map, norms, liveness, list
-#: map, filter columns): the fixed columns of actors.engine.items.ItemTable.
-ROW_BYTES = 96
 
 
 @dataclass
@@ -64,7 +61,7 @@ def footprint(items: ItemTable, partition: PartitionIndex | None) -> int:
     """An estimate of the bytes the items and lists hold: per item the id, metadata, contents
     and the table's fixed columns, and the lists' codes (a pass over every item's metadata)."""
     n = items.next_label
-    size = n * ROW_BYTES
+    size = n * constants.ROW_BYTES
     for column in (items.metadata[:n], items.contents[:n]):
         size += sum(map(len, filter(None, column.tolist())))
     if partition is not None:

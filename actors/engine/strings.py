@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from actors import constants
 from actors.storage.codec import pack_strings, unpack_strings
 
 EMPTY_BLOB = np.empty(0, dtype=np.uint8)
-SMALL_GET = 64  # labels a StringColumn gathers one by one (StringColumn._get_few)
 
 
 def gather_bytes(blob: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -166,7 +166,7 @@ class StringColumn:
     until :meth:`compact`, which keeps only the labels still in use.
     """
 
-    COMPACT_SLACK = 1 << 16  # dead bytes tolerated beyond as many as are live
+    COMPACT_SLACK = constants.STRINGS_COMPACT_SLACK  # dead bytes tolerated beyond the live ones
 
     def __init__(self) -> None:
         self.blob = np.empty(0, dtype=np.uint8)
@@ -207,7 +207,7 @@ class StringColumn:
         """The strings of ``labels`` (any shape); label -1 or a cleared label gives None."""
         if len(self.lens) == 0:
             return StringBlock.empty(labels.shape)
-        if labels.size <= SMALL_GET:
+        if labels.size <= constants.STRINGS_SMALL_GET:
             return self._get_few(labels)
         ok = labels >= 0
         safe = np.where(ok, labels, 0)

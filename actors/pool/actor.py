@@ -26,6 +26,7 @@ import faiss
 import numpy as np
 import ray
 
+from actors import constants
 from actors import metrics as m
 from actors.engine.filters import FilterNode
 from actors.engine.shard import Shard
@@ -47,24 +48,20 @@ from actors.types import (
 
 log = logging.getLogger("vaultvec.pool")
 
-# How often a pool actor evicts (when it has a budget or a TTL) and checks whether to trim its
-# heap: after a whole period without calls, once its private memory grew this much since its
-# last trim. What calls leave free (request and result buffers, a search's scratch: 200 single
-# queries left 2.4 MB) and what Ray's own periodic work in the process leaves (1.4-1.7 MB every
-# 10 s) stays resident until a trim; a trim walks the whole heap (15 ms over 1.5 GB resident),
-# so one that can return little is not made.
-HOUSEKEEPING_PERIOD_S = 1.0
-TRIM_GROWTH_BYTES = 1 << 20
-# Below the budget by this share after evicting, so that the next load does not evict at once.
-BUDGET_HEADROOM = 0.9
-# Upserts of more than 64 KiB (actors.pool.client.LARGE_UPSERT_BYTES) run on call threads of their
-# own, this many (the concurrency group UPSERT_GROUP, to which actors.pool.client.ShardClient sends
-# them). Each of an actor's call threads keeps what Ray received for the last call it ran (in
-# Ray's core, not as Python objects), and an upsert's piece is up to 768 KiB: on any of 16
-# threads, the actor's private memory swung by up to 12 MB with which threads last took a piece
-# (churn at 20,000 items read 1.04-1.20x between runs). Nor does a bulk write hold the threads
-# that the actor's reads, and small writes, of any index need.
-UPSERT_THREADS = 2
+# Housekeeping (actors.constants.HOUSEKEEPING_PERIOD_S): a pool actor evicts (when it has a
+# budget or a TTL) and, after a whole period without calls, trims its heap once its private
+# memory grew by TRIM_GROWTH_BYTES since its last trim. What calls leave free (request and
+# result buffers, a search's scratch) and what Ray's own periodic work in the process leaves
+# stays resident until a trim; a trim walks the whole heap, so one that can return little is
+# not made (figures: docs/performance.md).
+#
+# Large upserts (over actors.constants.LARGE_UPSERT_BYTES) run on call threads of their own,
+# UPSERT_THREADS of them (the concurrency group wire.UPSERT_GROUP, to which
+# actors.pool.client.ShardClient sends them). Each of an actor's call threads keeps what Ray
+# received for the last call it ran (in Ray's core, not as Python objects), so with pieces on
+# every thread the actor's private memory swings with which threads last took one (figures:
+# docs/performance.md). Nor does a bulk write hold the threads that the actor's reads, and
+# small writes, of any index need.
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,7 @@ class ShardPool:
         self._metrics = PoolMetrics(self)
         # Free memory in the heap is given back once the actor goes quiet (housekeep): memory
         # follows the partitions. The calls in flight and since the last pass:
-        self._idle = heap.IdleTrim(0, quiet_s=HOUSEKEEPING_PERIOD_S)
+        self._idle = heap.IdleTrim(0, quiet_s=constants.HOUSEKEEPING_PERIOD_S)
         # Private memory after the last trim (or the least since, when it fell without one).
         self._trimmed_at = heap.resident_anon_bytes() or 0
         threading.Thread(
@@ -300,7 +297,7 @@ class ShardPool:
                     continue
                 unloaded += 1
                 heap.trim(collect=True)
-                if rss_bytes() <= BUDGET_HEADROOM * budget:
+                if rss_bytes() <= constants.BUDGET_HEADROOM * budget:
                     break
         if unloaded:
             self._evictions += unloaded
@@ -310,7 +307,7 @@ class ShardPool:
     def housekeep(self) -> None:
         """One pass of the actor's housekeeping thread (every HOUSEKEEPING_PERIOD_S): evict
         (with a budget or a TTL), and trim the heap when no call ran since the last pass and
-        private memory grew TRIM_GROWTH_BYTES since the last trim."""
+        private memory grew TRIM_GROWTH_BYTES since the last trim (actors.constants)."""
         if self.options.budget_bytes or self.options.idle_ttl_s:
             self.evict()
         quiet = self._idle.quiet()  # asked every pass, so that it spans a whole period
@@ -318,7 +315,7 @@ class ShardPool:
         # Memory given back otherwise (eviction, a retired index, a shard's own trim) lowers
         # the mark, so that growth is counted from there.
         self._trimmed_at = min(self._trimmed_at, resident)
-        if quiet and resident > self._trimmed_at + TRIM_GROWTH_BYTES:
+        if quiet and resident > self._trimmed_at + constants.TRIM_GROWTH_BYTES:
             heap.trim()
             self._trimmed_at = heap.resident_anon_bytes() or 0
 
@@ -326,7 +323,7 @@ class ShardPool:
 def _housekeep(pool_ref: weakref.ref[ShardPool]) -> None:
     """The housekeeping thread: ends with its pool (which it does not keep alive)."""
     while True:
-        time.sleep(HOUSEKEEPING_PERIOD_S)
+        time.sleep(constants.HOUSEKEEPING_PERIOD_S)
         pool = pool_ref()
         if pool is None:
             return
@@ -376,7 +373,7 @@ class PoolMetrics:
             "vaultvec_shard_search_seconds",
             "one shard's search of a request inside its pool actor, by shard number",
             ("shard",),
-            m.STAGE_BUCKETS,
+            constants.STAGE_BUCKETS,
         )
         self.registry.collector(self.collect)
         self._items: dict[tuple[str, int], int] = {}  # last known items per partition
@@ -458,7 +455,7 @@ class PoolMetrics:
 
 # (Ray takes concurrency groups only where the class is declared remote, not in .options();
 # its type stubs do not name the argument.)
-PoolActor = ray.remote(concurrency_groups={wire.UPSERT_GROUP: UPSERT_THREADS})(ShardPool)  # type: ignore[call-overload]
+PoolActor = ray.remote(concurrency_groups={wire.UPSERT_GROUP: constants.UPSERT_THREADS})(ShardPool)  # type: ignore[call-overload]
 
 
 def _contract(pool: ShardPool) -> ShardCalls:

@@ -1,12 +1,12 @@
 """Same-node calls to a pool actor over a Unix socket: the gateway's searches and small gets of
 the partitions a pool actor on its own node hosts skip Ray's task machinery.
 
-A Ray actor call costs this machine about 2 ms of a single query's time and about 1 ms of CPU
-on each side for a search that takes 0.1 ms (docs/performance.md, Serve fast path); a round
-trip over a Unix socket, about 0.1 ms. So each pool actor answers the same calls
-(framed searches and gets: bytes in, bytes out, actors.pool.wire) on a socket of its own as well, and a
+A Ray actor call costs a single query far more time, and CPU on each side, than the search
+itself; a round trip over a Unix socket costs a small fraction of that (figures:
+docs/performance.md, Serve fast path). So each pool actor answers the same calls (framed
+searches and gets: bytes in, bytes out, actors.pool.wire) on a socket of its own as well, and a
 gateway on the same Ray node sends them there. Everything else, and every call to another
-node, goes through Ray as before.
+node, goes through Ray.
 
 - **Private.** The socket lies in a directory only the service's user may enter (0700; one
   that is not is never used), and the server answers only peers of that user (SO_PEERCRED):
@@ -16,11 +16,12 @@ node, goes through Ray as before.
   the name or none.
 - **Nothing changes on failure.** A call the channel cannot complete (the actor restarting or
   gone, the socket missing, too many calls under way) goes through Ray instead, which retries,
-  restarts and reports as it always did; the channel is looked up again a moment later. What
+  restarts and reports as for any other call; the channel is looked up again a moment later. What
   the partition raises (a wrong key, a retired index) is raised as the Ray call's cause would
   be; anything else is left to the Ray call to report.
-- **Bounded.** A gateway keeps at most :data:`MAX_CONNECTIONS` connections to each actor; a
-  server takes at most :data:`MAX_PEERS` at a time, each on a thread of its own.
+- **Bounded.** A gateway keeps at most :data:`actors.constants.CHANNEL_MAX_CONNECTIONS`
+  connections to each actor; a server takes at most
+  :data:`actors.constants.CHANNEL_MAX_PEERS` at a time, each on a thread of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors import constants
 from actors.errors import VaultvecError
 from actors.process import private
 
@@ -46,11 +48,6 @@ log = logging.getLogger("vaultvec.channel")
 FRAMED = 1  # the one call: a frame of actors.pool.wire, answered by ShardPool.framed
 OK, RAISED, FAILED = 0, 1, 2  # answers: the result; a VaultvecError, pickled; anything else
 HEADER = struct.Struct("<IB")  # payload length, call or answer
-MAX_PAYLOAD = 64 << 20  # a request or answer past this is refused (the frames are far smaller)
-MAX_CONNECTIONS = 16  # per gateway process and actor (as many as its Ray calls run at once)
-MAX_IDLE = 8  # connections kept open between calls
-MAX_PEERS = 256  # connections a pool actor serves at once
-RETRY_S = 1.0  # after a failure, how long calls go through Ray before the channel is tried again
 
 
 class ChannelError(Exception):
@@ -92,7 +89,7 @@ class ChannelServer:
         except OSError:
             self._sock.close()
             raise
-        self._peers = threading.BoundedSemaphore(MAX_PEERS)
+        self._peers = threading.BoundedSemaphore(constants.CHANNEL_MAX_PEERS)
         self._conns: set[socket.socket] = set()
         self._closed = False
         threading.Thread(target=self._accept, name="vaultvec-channel", daemon=True).start()
@@ -129,7 +126,7 @@ class ChannelServer:
                     if head is None:
                         return
                     size, call = HEADER.unpack(head)
-                    payload = _recv(conn, size) if size <= MAX_PAYLOAD else None
+                    payload = _recv(conn, size) if size <= constants.CHANNEL_MAX_PAYLOAD else None
                     handler = self.handlers.get(call)
                     if payload is None or handler is None:
                         return
@@ -226,7 +223,7 @@ class Channel:
         generation = self._generation
         if self._idle:
             reader, writer = self._idle.pop()
-        elif self._open >= MAX_CONNECTIONS:
+        elif self._open >= constants.CHANNEL_MAX_CONNECTIONS:
             raise Busy("too many calls under way")
         else:
             self._open += 1
@@ -265,7 +262,7 @@ class Channel:
         """A call's connection after it: kept for the next call, or closed."""
         if generation != self._generation:  # opened on a loop that was replaced meanwhile
             _close(writer)
-        elif keep and len(self._idle) < MAX_IDLE and not self._closed:
+        elif keep and len(self._idle) < constants.CHANNEL_MAX_IDLE and not self._closed:
             self._idle.append((reader, writer))
         else:
             self._open -= 1
@@ -331,7 +328,7 @@ class Channels:
         try:
             where = await handle.local_channel.remote()
         except Exception:  # the actor is restarting, say: Ray's path, tried again later
-            self._retry_at[key] = time.monotonic() + RETRY_S
+            self._retry_at[key] = time.monotonic() + constants.CHANNEL_RETRY_S
             return None
         finally:
             self._lookups.pop(key, None)
@@ -347,7 +344,7 @@ class Channels:
         key = handle._actor_id.hex()
         if self._known.get(key) is channel:
             del self._known[key]
-            self._retry_at[key] = time.monotonic() + RETRY_S
+            self._retry_at[key] = time.monotonic() + constants.CHANNEL_RETRY_S
         channel.close()
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from ray import ObjectRef
 
+from actors import constants
 from actors.engine.filters import FilterNode
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
@@ -55,7 +56,7 @@ class ShardClient:
         """A small request goes inside its frame, over the actor's same-node socket when it has
         one (actors.pool.channel), else by a Ray call; a large one (framing would copy it twice
         more) or a stored copy (Ray resolves only a call's own arguments) beside its frame."""
-        if isinstance(req, bytes) and len(req) <= wire.FRAMED_BYTES:
+        if isinstance(req, bytes) and len(req) <= constants.FRAMED_BYTES:
             blob = await self._framed(wire.search_frame(self._p, key, req))
         else:
             blob = await self.handle.framed.remote(wire.search_frame(self._p, key, None), req)
@@ -70,10 +71,11 @@ class ShardClient:
         return blob
 
     async def upsert(self, key: bytes, batch: UpsertBatch) -> ShardStats:
-        """The batch in :func:`wire.pieces`, one call each, two under way at a time (the next
-        crosses while the shard writes one; more would only hold more of the pool actor's
-        threads waiting for the partition's write lock); a batch of more than
-        :data:`wire.LARGE_UPSERT_BYTES` on the pool actor's upsert threads (:data:`wire.UPSERT_GROUP`).
+        """The batch in :func:`wire.pieces`, one call each, UPSERT_PIECES_IN_FLIGHT under way at
+        a time (the next crosses while the shard writes one; more would only hold more of the
+        pool actor's threads waiting for the partition's write lock); a batch of more than
+        LARGE_UPSERT_BYTES (actors.constants) on the pool actor's upsert threads
+        (:data:`wire.UPSERT_GROUP`).
         Awaited: the partition's state after the last piece applied. When a piece fails, no
         further piece is sent, the ones under way are waited for, and the failure is raised:
         nothing is written after the caller learns of it. The pieces before may be written; an
@@ -81,7 +83,7 @@ class ShardClient:
         is free)."""
         parts, size = wire.pieces(batch)
         upsert = self.handle.upsert
-        if size > wire.LARGE_UPSERT_BYTES:
+        if size > constants.LARGE_UPSERT_BYTES:
             upsert = upsert.options(concurrency_group=wire.UPSERT_GROUP)
         if len(parts) == 1:
             stats: ShardStats = await upsert.remote(self._p, key, batch)
@@ -95,7 +97,7 @@ class ShardClient:
         under_way: set[asyncio.Task[ShardStats]] = set()
         try:
             for piece in parts:
-                while len(under_way) >= wire.UPSERT_PIECES_IN_FLIGHT:
+                while len(under_way) >= constants.UPSERT_PIECES_IN_FLIGHT:
                     finished, under_way = await asyncio.wait(
                         under_way, return_when=asyncio.FIRST_COMPLETED
                     )
@@ -120,8 +122,10 @@ class ShardClient:
         self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:
         """The stored fields of those of ``ids`` the partition holds (awaited); a few ids
-        framed and over the actor's same-node socket when it has one (actors.pool.channel)."""
-        if len(ids) <= wire.PACKED_GET_IDS:
+        framed and over the actor's same-node socket when it has one (actors.pool.channel),
+        answered as bytes, which Ray passes for less than the Fetched dataclass. More come back
+        as the dataclass, whose vectors Ray passes without the copies pickling would make."""
+        if len(ids) <= constants.PACKED_GET_IDS:
             call = wire.get_frame(self._p, key, ids, vectors, metadata, contents)
             return wire.unpack_fetched(await self._framed(call))
         fetched: Fetched = await self.handle.get.remote(

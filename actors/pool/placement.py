@@ -23,6 +23,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors import constants
 from actors.errors import Unavailable
 from actors.pool.actor import PoolActor, PoolOptions
 from actors.process import heap
@@ -30,8 +31,6 @@ from actors.process import heap
 log = logging.getLogger("vaultvec.placement")
 
 NAMESPACE = "vaultvec"
-# How long the pool's membership (actors and their nodes) is trusted before it is checked again.
-MEMBERSHIP_TTL_S = 10.0
 
 
 def store_tag(store_url: str) -> str:
@@ -90,7 +89,7 @@ class Pool:
         self._handles: dict[str, Any] = {}
         self._nodes: dict[str, str] = {}  # actor name -> node id
         self._unstartable: set[str] = set()  # nodes whose actors did not start at the last check
-        self._checked_at = -MEMBERSHIP_TTL_S
+        self._checked_at = -constants.MEMBERSHIP_TTL_S
 
     def name(self, n: int) -> str:
         return f"{self.prefix}{n}"
@@ -110,7 +109,7 @@ class Pool:
         pool has no actor and none can start (no room for them)."""
         with self._lock:
             sizes = node_sizes(self.size_per_node)
-            fresh = time.monotonic() - self._checked_at < MEMBERSHIP_TTL_S
+            fresh = time.monotonic() - self._checked_at < constants.MEMBERSHIP_TTL_S
             # A node whose actors could not start is tried again once the membership is stale,
             # not on every call (each try waits up to start_timeout_s under the lock).
             joined = (

@@ -13,8 +13,10 @@ and the cutting of bulk data into pieces each call carries.
   dataclasses than the pickling does (docs/performance.md, Measurements behind design choices),
   and a fan-out then sends the same bytes to every shard.
 - **Pieces.** Bulk data (an upsert's items, a training sample) crosses in pieces of at most
-  :data:`CALL_BYTES`, each inside its call, never through Ray's object store, whose freed pages
-  stay allocated (docs/performance.md, Footprint).
+  :data:`actors.constants.CALL_BYTES` (under the in-call limit vaultvec runs Ray with,
+  cluster.constants.RAY_DIRECT_CALL_BYTES, with room for the call's framing), each inside its
+  call, never through Ray's object store, whose freed pages stay allocated
+  (docs/performance.md, Footprint).
 """
 
 from __future__ import annotations
@@ -28,40 +30,21 @@ import numpy as np
 import ray
 from ray import ObjectRef
 
+from actors import constants
 from actors.engine.strings import StringBlock
 from actors.types import Fetched, Probing, SearchRequest, SearchResult, UpsertBatch
 
 B = TypeVar("B", bytes, np.ndarray)
 
-# A large request sent to several shards is put in Ray's object store once and every shard gets
-# the reference; passed by value, each call carries (or stores) its own copy. With the inline
-# limit vaultvec serve sets (1 MiB, cluster/fastpath.py), to 2 no-op actors: 300 KB by value
-# 1.6 ms against 2.2 ms put once, 640 KB by value 2.6-2.9 ms against 2.2-2.4 ms.
-SHARED_ARG_BYTES = 512 << 10
-
-
-# The most bulk data one call carries (an upsert's piece, a piece of a training sample): under
-# the 1 MiB that vaultvec runs Ray with (cluster/fastpath.py) with room for the call's own
-# framing, so that Ray passes it inside the call, never through its object store.
-CALL_BYTES = 768 << 10
-UPSERT_PIECES_IN_FLIGHT = 2
 # The pool actors' concurrency group for upserts of more than LARGE_UPSERT_BYTES
-# (actors.pool.actor.UPSERT_THREADS); smaller ones run on the actor's other call threads.
+# (actors.constants.UPSERT_THREADS); smaller ones run on the actor's other call threads.
 UPSERT_GROUP = "upserts"
-LARGE_UPSERT_BYTES = 64 << 10
-
-
-# A get of up to this many ids goes in one frame and comes back pickled to bytes
-# (ShardPool.get_packed): Ray passes
-# bytes for about 57 us less per call than the Fetched dataclass. Larger gets come back as the
-# dataclass, whose vectors Ray passes without the copies pickling them by hand would make.
-PACKED_GET_IDS = 256
 
 
 def pack(obj: SearchRequest | SearchResult | Fetched) -> bytes:
     """``obj`` pickled. A search request or result goes as its fields, each array as its
-    dtype, shape and bytes: pickling the dataclasses' numpy arrays costs several times more (a
-    single query's result: 26 us to pickle and 12 to load as the dataclass, a few as fields)."""
+    dtype, shape and bytes: pickling the dataclasses' numpy arrays costs several times more
+    (figures: docs/performance.md)."""
     cls = type(obj)
     if cls is SearchRequest or cls is SearchResult:
         kinds = bytearray()
@@ -143,13 +126,9 @@ def unpack_fetched(blob: bytes) -> Fetched:
 
 
 def frame(*args: Any) -> bytes:
-    """A small call's arguments as one bytes argument: Ray passes one argument for less than
-    several (a single query's search, with its partition, key and request: 0.82-0.91 ms p50
-    against 0.93-0.98 for the three, and less CPU on both sides)."""
+    """A small call's arguments as one bytes argument: Ray passes one argument for less time
+    and CPU on both sides than several (figures: docs/performance.md)."""
     return pickle.dumps(args, protocol=5)
-
-
-FRAMED_BYTES = 64 << 10  # the largest search request sent in a frame
 
 
 def unframe(call: bytes) -> tuple[Any, ...]:
@@ -160,9 +139,11 @@ def unframe(call: bytes) -> tuple[Any, ...]:
 
 def shared(blob: B, n_calls: int) -> B | ObjectRef[B]:
     """What ``n_calls`` calls will carry: ``blob`` itself, or a reference to one stored copy
-    when it is large and sent more than once (Ray resolves it before the method runs)."""
+    when it is large (actors.constants.SHARED_ARG_BYTES) and sent more than once (Ray resolves
+    it before the method runs): past that size, a copy per call costs more than one stored copy
+    (figures: docs/performance.md)."""
     size = len(blob) if isinstance(blob, bytes) else blob.nbytes
-    if n_calls > 1 and size >= SHARED_ARG_BYTES:
+    if n_calls > 1 and size >= constants.SHARED_ARG_BYTES:
         return ray.put(blob)
     return blob
 
@@ -186,7 +167,7 @@ def row_bytes(batch: UpsertBatch) -> np.ndarray:
     return size
 
 
-def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> tuple[list[UpsertBatch], int]:
+def pieces(batch: UpsertBatch, limit: int = constants.CALL_BYTES) -> tuple[list[UpsertBatch], int]:
     """``batch`` cut into consecutive runs of items of at most ``limit`` bytes together (an
     item larger than that goes alone; the batch itself when it fits), and its size."""
     n = len(batch.ids)
@@ -203,7 +184,7 @@ def pieces(batch: UpsertBatch, limit: int = CALL_BYTES) -> tuple[list[UpsertBatc
     return out, total
 
 
-def chunks(x: np.ndarray, limit: int = CALL_BYTES) -> Iterator[np.ndarray]:
+def chunks(x: np.ndarray, limit: int = constants.CALL_BYTES) -> Iterator[np.ndarray]:
     """The rows of ``x`` in consecutive runs of at most ``limit`` bytes (at least one row each;
     an empty ``x`` once)."""
     step = max(1, limit // max(1, x[:1].nbytes))

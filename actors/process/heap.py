@@ -3,21 +3,20 @@
 Two defaults of glibc hurt a shard or a gateway replica:
 
 - **One malloc arena per thread.** Ray runs a shard's calls on a pool of threads; with the
-  default dynamic mmap threshold, the large blocks an ingest frees stayed resident in the
+  default dynamic mmap threshold, the large blocks an ingest frees stay resident in the
   threads' arenas, several times the data's own size (tests/unit/test_heap.py).
-- **Large blocks from mmap.** Pinning the mmap threshold at glibc's initial 128 KiB bounded
-  that growth, but then every request's multi-megabyte buffers (a 10,000-query batch: 5 MB of
-  queries, their reordered copy, results, the merge's offsets) were fresh mappings, and each
-  of their pages faulted in on first touch: the gateway's merge of a large batch took several
-  times as long, and large requests were slower end to end.
+- **Large blocks from mmap.** Pinning the mmap threshold at glibc's initial 128 KiB bounds
+  that growth, but then every large request's buffers (a query batch's queries, their
+  reordered copy, results, the merge's offsets) are fresh mappings, and each of their pages
+  faults in on first touch: large requests slow down, the gateway's merge most of all.
 
 :func:`configure` (and :data:`ENV`, the same settings for a process's environment) keeps one
-arena, so memory freed by one thread is reused by the next, and fixes the mmap threshold at
-16 MiB: request-sized buffers are recycled inside the heap, only larger ones (snapshot frames,
-the longest inverted lists) are mapped and unmapped. What a burst of frees leaves inside the
-heap (a training rebuild replaces every inverted list; loading replays the WAL) is given back
-by :func:`trim`. The measured figures behind these settings are in docs/performance.md
-(measurements behind design choices).
+arena, so memory freed by one thread is reused by the next, and fixes the mmap threshold
+(actors.constants.MMAP_THRESHOLD) above request-sized buffers: those are recycled inside the
+heap, only larger ones (snapshot frames, the longest inverted lists) are mapped and unmapped.
+What a burst of frees leaves inside the heap (a training rebuild replaces every inverted list;
+loading replays the WAL) is given back by :func:`trim`. The figures behind these settings are
+in docs/performance.md (measurements behind design choices).
 """
 
 from __future__ import annotations
@@ -30,34 +29,30 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from actors import constants
+
 log = logging.getLogger("vaultvec.heap")
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-MMAP_THRESHOLD = 16 << 20
-ARENA_MAX = 1
-TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above it at the heap top is returned
-# A gateway holds no data, only requests in flight: free memory at the top of its heap is kept
-# up to this much (fixed, like the mmap threshold, once that is set), so the next request's
-# buffers reuse resident pages instead of faulting them in again (less CPU and system time
-# per request; docs/performance.md). Shards keep the default: what they keep resident is
-# their memory budget.
-GATEWAY_TRIM_THRESHOLD = 64 << 20
 # The same settings as environment variables, read by glibc when the process starts (before
 # any thread has made an arena): for the runtime_env of the Ray actors that hold data. The trim
 # threshold is named too: Ray actors inherit the environment of the actor that creates them,
 # and the control plane that creates the shards is itself created by a gateway.
 ENV = {
-    "MALLOC_ARENA_MAX": str(ARENA_MAX),
-    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-    "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+    "MALLOC_ARENA_MAX": str(constants.ARENA_MAX),
+    "MALLOC_MMAP_THRESHOLD_": str(constants.MMAP_THRESHOLD),
+    "MALLOC_TRIM_THRESHOLD_": str(constants.TRIM_THRESHOLD),
 }
-GATEWAY_ENV = ENV | {"MALLOC_TRIM_THRESHOLD_": str(GATEWAY_TRIM_THRESHOLD)}
+# A gateway holds no data, only requests in flight: it keeps more free memory at the top of its
+# heap (constants.GATEWAY_TRIM_THRESHOLD, fixed like the mmap threshold once that is set), so
+# the next request's buffers reuse resident pages instead of faulting them in again. Shards keep
+# the default: what they keep resident is their memory budget.
+GATEWAY_ENV = ENV | {"MALLOC_TRIM_THRESHOLD_": str(constants.GATEWAY_TRIM_THRESHOLD)}
 # Shard pool actors also turn off glibc's per-thread cache of freed blocks (tcache): Ray runs an
 # actor's calls on up to max_concurrency threads, and each thread's cache kept blocks that the
 # others could not reuse, so memory per live item crept up with every round of replacements
-# (10,000 items replaced 10 times from 16 threads: 1.13x the first round with the cache, 1.05x
-# without; from one thread 1.04x either way).
+# (figures: docs/performance.md).
 SHARD_ENV = ENV | {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
@@ -73,7 +68,9 @@ def _glibc(symbol: str) -> Any:
 
 
 def configure(
-    threshold: int = MMAP_THRESHOLD, arenas: int = ARENA_MAX, trim_threshold: int = TRIM_THRESHOLD
+    threshold: int = constants.MMAP_THRESHOLD,
+    arenas: int = constants.ARENA_MAX,
+    trim_threshold: int = constants.TRIM_THRESHOLD,
 ) -> bool:
     """Apply this module's allocator settings to the running process (threads that already
     have an arena keep it: :data:`ENV` covers those from the start); False without glibc."""
@@ -106,7 +103,8 @@ def trim(collect: bool = False) -> bool:
 
     ``collect``: run Python's cycle collector first. What a finished request left in reference
     cycles keeps its buffers until a collection runs, and a process gone quiet allocates too
-    little to start one: after a 100k-vector ingest a gateway held 80 MB of them."""
+    little to start one: a gateway gone quiet after an ingest kept them (figures:
+    docs/performance.md)."""
     if collect:
         gc.collect()
     malloc_trim = _glibc("malloc_trim")

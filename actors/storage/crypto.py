@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from actors import constants
 from actors.errors import DecryptError, InvalidRequest
 
 KEY_BYTES = 32
@@ -44,7 +45,6 @@ _INFO_VERIFY = b"vaultvec/verify/v1"
 _VERIFIER_LABEL = b"vaultvec/verifier/v1|"
 _AAD_LABEL = b"vaultvec/aad/v1"
 _HEX_KEY = re.compile(r"[0-9A-Fa-f]{64}")
-_CACHE_SIZE = 256
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -116,8 +116,8 @@ def _derive(index_key: bytes, index_name: str, salt: bytes) -> IndexKeys:
     return IndexKeys(data_key=data_key, verifier=verifier)
 
 
-_derived: _LRU[tuple[bytes, str, bytes], IndexKeys] = _LRU(_CACHE_SIZE)
-_ciphers: _LRU[bytes, AESGCM] = _LRU(_CACHE_SIZE)
+_derived: _LRU[tuple[bytes, str, bytes], IndexKeys] = _LRU(constants.KEY_CACHE_SIZE)
+_ciphers: _LRU[bytes, AESGCM] = _LRU(constants.KEY_CACHE_SIZE)
 
 
 def derive_keys(index_key: bytes, index_name: str, salt: bytes) -> IndexKeys:

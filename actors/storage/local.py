@@ -33,13 +33,13 @@ from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 
+from actors import constants
 from actors.storage.base import StoreError, validate_key, validate_prefix
 
 _HEADER = struct.Struct("<III")  # length, crc32(record), crc32(length+crc as packed)
 _MAX_RECORD = 0xFFFFFFFF
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
-_RETRIES = 3  # a concurrent delete may remove a freshly created empty directory
 
 
 def _frame(record: bytes) -> bytes:
@@ -258,13 +258,13 @@ class LocalStore:
         self._check_open()
         path = self._blobs / validate_key(key)
         tmp = path.parent / f".~tmp-{uuid.uuid4().hex}"  # '~' is not a key character
-        for attempt in range(_RETRIES):
+        for attempt in range(constants.LOCAL_STORE_RETRIES):
             try:
                 self._ensure_dir(self._blobs, path.parent)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
                 break
             except FileNotFoundError as exc:
-                if attempt == _RETRIES - 1:
+                if attempt == constants.LOCAL_STORE_RETRIES - 1:
                     raise _error("write", key, exc) from exc
             except OSError as exc:
                 raise _error("write", key, exc) from exc
@@ -337,13 +337,13 @@ class LocalStore:
     def _open_log(self, key: str, log: _Log) -> None:
         """Open ``log`` for appending, truncating a torn tail. Caller holds ``log.lock``."""
         path = self._logs / key
-        for attempt in range(_RETRIES):
+        for attempt in range(constants.LOCAL_STORE_RETRIES):
             try:
                 self._ensure_dir(self._logs, path.parent)
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
                 break
             except FileNotFoundError:
-                if attempt == _RETRIES - 1:
+                if attempt == constants.LOCAL_STORE_RETRIES - 1:
                     raise
         try:
             _fsync_dir(path.parent)

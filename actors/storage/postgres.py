@@ -5,8 +5,10 @@ parameter works (``sslmode``, ``options``, ...); ``connect_timeout`` defaults to
 vaultvec parameters are removed before the URL reaches libpq:
 
 * ``table_prefix`` (default ``vaultvec_``): tables are ``<prefix>blobs`` and ``<prefix>log``;
-* ``pool_min`` / ``pool_max`` (default 1 / 8): pooled connections per process;
-* ``pool_timeout`` (default 10): seconds an operation waits for a pooled connection.
+* ``pool_min`` / ``pool_max`` (defaults: actors.constants.POSTGRES_POOL_MIN / _MAX): pooled
+  connections per process;
+* ``pool_timeout`` (default: actors.constants.POSTGRES_POOL_TIMEOUT_S): seconds an operation
+  waits for a pooled connection.
 
 Schema (created on open when missing; an advisory lock serialises concurrent creators)::
 
@@ -44,6 +46,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from actors import constants
 from actors.storage.base import StoreError, validate_key, validate_prefix
 
 T = TypeVar("T")
@@ -53,8 +56,12 @@ _PREFIX_END = "\x7f"  # sorts after every key character ([A-Za-z0-9._/-])
 _TABLE_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _SCHEMA_LOCK = 0x76766563  # 'vvec': first half of the advisory lock guarding schema creation
 _LOST_STATES = ("08", "57P01", "57P02", "57P03")  # connection exceptions, server shutdown/start
-_RECONNECT_S = 5.0
-_DEFAULTS = {"table_prefix": "vaultvec_", "pool_min": 1, "pool_max": 8, "pool_timeout": 10.0}
+_DEFAULTS = {
+    "table_prefix": "vaultvec_",
+    "pool_min": constants.POSTGRES_POOL_MIN,
+    "pool_max": constants.POSTGRES_POOL_MAX,
+    "pool_timeout": constants.POSTGRES_POOL_TIMEOUT_S,
+}
 
 
 def _int_param(name: str, value: Any, low: int) -> int:
@@ -190,7 +197,7 @@ class PostgresStore:
             num_workers=2,
             # Give up background reconnects soon: a later request starts a fresh attempt
             # at once instead of waiting out an exponential backoff after a long outage.
-            reconnect_timeout=_RECONNECT_S,
+            reconnect_timeout=constants.POSTGRES_RECONNECT_S,
             open=False,
         )
         self._pool.open(wait=False)

@@ -6,16 +6,11 @@ Modules: ``driver`` (``bulk_query``, ``bulk_upsert``), ``transports`` (``HttpTra
 (the subcommands).
 """
 
-from cluster.bulk.driver import (
-    DEFAULT_BATCH,
-    DEFAULT_CONCURRENCY,
-    bulk_query,
-    bulk_upsert,
-    query_batch,
-)
+from cluster.bulk.driver import bulk_query, bulk_upsert, query_batch
 from cluster.bulk.pipeline import exit_code, run_interruptible
 from cluster.bulk.progress import Report
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport, Transport
+from cluster.constants import DEFAULT_BATCH, DEFAULT_CONCURRENCY
 
 __all__ = [
     "DEFAULT_BATCH",

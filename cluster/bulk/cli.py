@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from cluster.bulk.driver import DEFAULT_BATCH, DEFAULT_CONCURRENCY, bulk_query, bulk_upsert
+from cluster import constants
+from cluster.bulk.driver import bulk_query, bulk_upsert
 from cluster.bulk.pipeline import exit_code, run_interruptible
 from cluster.bulk.progress import Report
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport
@@ -62,15 +63,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive,
         default=None,
-        help=f"vectors per request ({DEFAULT_BATCH:,}; bulk-query sends an input of fewer than "
-        f"{DEFAULT_BATCH:,} x --concurrency rows in batches of rows / --concurrency, and a "
-        "resumed job keeps its batches)",
+        help=f"vectors per request ({constants.DEFAULT_BATCH:,}; bulk-query sends an input of "
+        f"fewer than {constants.DEFAULT_BATCH:,} x --concurrency rows in batches of rows / "
+        "--concurrency, and a resumed job keeps its batches)",
     )
     p.add_argument(
         "--concurrency",
         type=positive,
-        default=DEFAULT_CONCURRENCY,
-        help=f"requests in flight ({DEFAULT_CONCURRENCY})",
+        default=constants.DEFAULT_CONCURRENCY,
+        help=f"requests in flight ({constants.DEFAULT_CONCURRENCY})",
     )
     p.add_argument("--restart", action="store_true", help="ignore earlier progress, start over")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -193,7 +194,7 @@ def _bulk_upsert(args: argparse.Namespace) -> int:
             transport,
             index=args.index,
             progress_file=args.progress_file,
-            batch_size=args.batch_size or DEFAULT_BATCH,
+            batch_size=args.batch_size or constants.DEFAULT_BATCH,
             concurrency=args.concurrency,
             id_column=args.id_column,
             id_start=args.id_start,

@@ -18,31 +18,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster import constants
 from cluster.bulk.files import OUTPUT_SUFFIXES, Batch, JsonlSink, NpySink, Source, suffix_of
 from cluster.bulk.pipeline import run_batches
 from cluster.bulk.progress import Progress, Report
 from cluster.bulk.transports import QueryOptions, Transport
 from cluster.client import QueryResult
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_CONCURRENCY", "bulk_query", "bulk_upsert", "query_batch"]
-
-FLUSH_EVERY_S = 10.0
-# Vectors per batch. Larger batches amortise the per-call cost and let the shards scan in
-# locality order (actors.engine.ivf.locality_order), which pays off with batch size: 40,000
-# queries on 100k x 128 (benchmarks/bench_bulk.py --queries 40000 --batch-size N), concurrency 2,
-# 5,000 -> 10,000 per batch took binary HTTP from 38k to 43k QPS and Ray from 46k to 55k.
-DEFAULT_BATCH = 10_000
-DEFAULT_CONCURRENCY = 2
+__all__ = ["bulk_query", "bulk_upsert", "query_batch"]
 
 
 def query_batch(rows: int, concurrency: int, batch_size: int | None = None) -> int:
-    """A bulk query's batch: ``batch_size`` when given, else :data:`DEFAULT_BATCH`, or fewer
+    """A bulk query's batch: ``batch_size`` when given, else
+    :data:`cluster.constants.DEFAULT_BATCH` (larger batches amortise the per-call cost and let
+    the shards scan in locality order, actors.engine.ivf.locality_order), or fewer
     rows, ``ceil(rows / concurrency)``, so that a smaller input is still several requests under
     way together: one request for a whole small input leaves the gateway's coarse step and the
     shards' scan waiting on each other (docs/performance.md, bulk query)."""
     if batch_size is not None:
         return batch_size
-    return max(1, min(DEFAULT_BATCH, -(-rows // max(1, concurrency))))
+    return max(1, min(constants.DEFAULT_BATCH, -(-rows // max(1, concurrency))))
 
 
 # -- bulk query -----------------------------------------------------------------------------
@@ -54,7 +49,7 @@ async def bulk_query(
     *,
     index: str,
     batch_size: int | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
+    concurrency: int = constants.DEFAULT_CONCURRENCY,
     chunk_rows: int = 100_000,
     int_ids: bool = False,
     restart: bool = False,
@@ -113,7 +108,7 @@ async def bulk_query(
     def commit(batch: Batch, result: QueryResult) -> None:
         nonlocal last_flush
         sink.write(batch, result)
-        if sink.buffered >= chunk_rows or time.monotonic() - last_flush > FLUSH_EVERY_S:
+        if sink.buffered >= chunk_rows or time.monotonic() - last_flush > constants.FLUSH_EVERY_S:
             progress.save(sink.flush())
             last_flush = time.monotonic()
 
@@ -160,8 +155,8 @@ async def bulk_upsert(
     *,
     index: str,
     progress_file: Path | None = None,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
+    batch_size: int = constants.DEFAULT_BATCH,
+    concurrency: int = constants.DEFAULT_CONCURRENCY,
     id_column: int | None = None,
     id_start: int = 0,
     restart: bool = False,
@@ -201,7 +196,7 @@ async def bulk_upsert(
     def commit(batch: Batch, n: int) -> None:
         nonlocal rows, last_save
         rows = batch.start + len(batch.vectors)
-        if time.monotonic() - last_save > FLUSH_EVERY_S:
+        if time.monotonic() - last_save > constants.FLUSH_EVERY_S:
             progress.save({"rows": rows})
             last_save = time.monotonic()
 

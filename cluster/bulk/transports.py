@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from cluster import constants
 from cluster.bulk.files import Batch
 from cluster.client import AsyncClient, QueryResult, Retry
 from cluster.client.errors import ServerError, UnavailableError, from_server_exception
@@ -47,21 +48,17 @@ class QueryOptions:
         }
 
 
-# The driver's batch is its unit of work: sent as one request up to this size (the client's
-# own default, 4 MiB, would split a 10,000 x 128 binary batch in two; one request scans
-# better on the shards: measured 205 vs 217 ms per 10,000 queries).
-DRIVER_REQUEST_BYTES = 64 << 20
-
-
 class HttpTransport:
     """The async client over HTTP; ``wire``: auto (the compact array routes from 64 vectors),
     json or binary (always the array routes). A batch goes in one request unless it exceeds
-    ``max_request_bytes`` (64 MiB)."""
+    ``max_request_bytes`` (default: cluster.constants.DRIVER_REQUEST_BYTES, above the client's
+    own default, which would split a default batch in two; one request scans better on the
+    shards, figures: docs/performance.md)."""
 
     def __init__(
         self, url: str, api_key: str, index: str, key: str, wire: str = "auto", **options: Any
     ) -> None:
-        options.setdefault("max_request_bytes", DRIVER_REQUEST_BYTES)
+        options.setdefault("max_request_bytes", constants.DRIVER_REQUEST_BYTES)
         self.client = AsyncClient(url, api_key, **options)
         self.index = self.client.index(index, key)
         self.binary = {"auto": None, "json": False, "binary": True}[wire]

@@ -12,6 +12,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.errors import Unavailable
 from actors.types import shard_assignment
+from serve_app import constants
 
 T = TypeVar("T")
 SHARD_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
@@ -45,13 +46,9 @@ async def within(awaitable: Awaitable[T], seconds: float) -> T:
         return await awaitable
 
 
-# Ids hashed on the event loop at most: a hash costs ~0.5 us, so 100,000 ids would hold every
-# other request for 50 ms; more go to a worker thread (the loop keeps its turns of the GIL).
-INLINE_HASHES = 4096
-
-
 async def assign_shards(ids: list[str], n_shards: int) -> np.ndarray:
-    """Each id's shard (actors.types.shard_assignment), off the event loop when many."""
-    if len(ids) <= INLINE_HASHES:
+    """Each id's shard (actors.types.shard_assignment), off the event loop when many: hashing
+    a large batch there would hold every other request (the loop keeps its turns of the GIL)."""
+    if len(ids) <= constants.INLINE_HASHES:
         return shard_assignment(ids, n_shards)
     return await asyncio.to_thread(shard_assignment, ids, n_shards)

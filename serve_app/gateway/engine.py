@@ -37,11 +37,11 @@ from actors.types import (
     ShardStats,
     UpsertBatch,
 )
+from serve_app import constants
 from serve_app import telemetry as stages
 from serve_app.access import context
 from serve_app.coalesce import Coalescer
 from serve_app.gateway.calls import (
-    INLINE_HASHES,
     SHARD_ERRORS,
     StaleIndex,
     T,
@@ -53,8 +53,6 @@ from serve_app.gateway.probing import RecallMonitor, overlap
 
 log = logging.getLogger("vaultvec.engine")
 ShardCall = tuple[int, Callable[[ShardClient], Awaitable[Any]]]  # (shard number, the call)
-
-REFRESH_S = 0.5
 
 
 @dataclass
@@ -148,11 +146,11 @@ class Engine:
         """The view, reloaded when a shard reports another training version than it holds.
 
         While a training swap is under way shards and config disagree for a while; reloading
-        at most every REFRESH_S (unless ``now``) keeps that window from costing a control call
+        at most every constants.REFRESH_S (unless ``now``) keeps that window from costing a control call
         per request (shards answer correctly meanwhile, assigning lists themselves).
         """
         stale = any(v != cv.config.version for v in versions)
-        if stale and (now or time.monotonic() - cv.loaded_at >= REFRESH_S):
+        if stale and (now or time.monotonic() - cv.loaded_at >= constants.REFRESH_S):
             return await self.reload(cv)
         return cv
 
@@ -269,7 +267,9 @@ class Engine:
         kind = (cv.config.index_id, cv.config.version, cv.key, repr(q))
         batcher = self._singles.get(kind)
         if batcher is None:
-            batcher = Coalescer(partial(self._search_rows, q), SINGLES_PER_BATCH, concurrency=2)
+            batcher = Coalescer(
+                partial(self._search_rows, q), constants.SINGLES_PER_BATCH, concurrency=2
+            )
             batcher.on_idle = partial(self._singles_idle, kind, batcher)
             self._singles[kind] = batcher
         return await batcher.submit(Single(cv, x, stages.current()))
@@ -445,7 +445,7 @@ class Engine:
         parts = await self.by_shard(
             cv, ids, lambda c, sub: c.get(cv.key, sub, vectors, metadata, contents)
         )
-        if len(ids) <= INLINE_HASHES:
+        if len(ids) <= constants.INLINE_HASHES:
             return entries(parts)
         return await asyncio.to_thread(entries, parts)
 
@@ -456,11 +456,6 @@ class Single(NamedTuple):
     cv: CachedView
     x: np.ndarray  # (1, d)
     timer: stages.Timer | None  # its request's stage timer
-
-
-# Single queries searched in one batch at most (a shard scans a batch of 32 or more on all its
-# threads: actors.engine.shard.BATCH_THREADS_MIN).
-SINGLES_PER_BATCH = 64
 
 
 def plan_width(first: int) -> int:

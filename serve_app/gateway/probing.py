@@ -8,19 +8,20 @@ on the slack, so one exact search gives the whole curve of that query's recall a
 scale. Two things follow per index:
 
 * the estimate: the recall@k of the answers actually served, measured on the sampled queries
-  (the share of the exact top-k the served top-k held), over the last ``WINDOW`` of them;
+  (the share of the exact top-k the served top-k held), over the last ``RECALL_WINDOW`` of
+  them;
 * the scales: per kind of query (unfiltered or a filter matching at least 95% of the items, a
   filter matching at least 30%, a more selective one), the smallest multiple of the calibrated
-  slack whose recall over the last ``WINDOW`` sampled queries of that kind reaches the target
-  plus two standard errors (computed exactly from the needs). Probing thus widens when real
-  queries need more than calibration on stored items predicted, and narrows when they need less;
-  a kind keeps scale 1 until it has ``MIN_SAMPLES`` measured queries.
+  slack whose recall over the last ``RECALL_WINDOW`` sampled queries of that kind reaches the
+  target plus two standard errors (computed exactly from the needs). Probing thus widens when
+  real queries need more than calibration on stored items predicted, and narrows when they
+  need less; a kind keeps scale 1 until it has ``RECALL_MIN_SAMPLES`` measured queries.
 
 Bounded and off the request path: one exact search in flight per gateway replica, at most
-``MAX_ROWS`` queries in it, top_k up to ``MAX_K``; queries sampled while one runs are not
-measured. The sampled vectors, filters and results live only in that task's memory; nothing
-about them is stored or logged. Each gateway replica keeps its own estimate and scales; a
-training swap (new version) starts them afresh.
+``RECALL_MAX_ROWS`` queries in it, top_k up to ``RECALL_MAX_K`` (serve_app.constants); queries
+sampled while one runs are not measured. The sampled vectors, filters and results live only in
+that task's memory; nothing about them is stored or logged. Each gateway replica keeps its own
+estimate and scales; a training swap (new version) starts them afresh.
 """
 
 from __future__ import annotations
@@ -35,21 +36,16 @@ import numpy as np
 
 from actors.control.training import smallest_scale
 from actors.types import BUCKETS
-
-MAX_ROWS = 16
-MAX_K = 100
-MIN_SAMPLES = 20
-WINDOW = 400
-MAX_INDEXES = 1024  # states kept per gateway replica (each at most ~100 KB)
+from serve_app import constants
 
 
 @dataclass
 class Bucket:
     scale: float = 1.0
-    needed: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    needed: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW))
 
     def fit(self, target: float) -> None:
-        if len(self.needed) < MIN_SAMPLES:
+        if len(self.needed) < constants.RECALL_MIN_SAMPLES:
             return
         width = max(len(r) for r in self.needed)
         rows = np.full((len(self.needed), width), np.nan)
@@ -73,7 +69,7 @@ class IndexProbing:
     version: int
     target: float
     buckets: tuple[Bucket, ...] = field(default_factory=lambda: tuple(Bucket() for _ in BUCKETS))
-    served: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    served: deque[float] = field(default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW))
     sampled: int = 0  # queries measured
     queries: int = 0  # queries answered with automatic probing
     lists_scanned: float = 0.0  # their lists scanned (per query, averaged over shards), summed
@@ -117,11 +113,11 @@ class RecallMonitor:
 
     def of(self, index_id: str, version: int, target: float) -> IndexProbing:
         """The index's state (fresh for a new training version); the least recently queried
-        of more than MAX_INDEXES are dropped (their scales start again at 1)."""
+        of more than RECALL_MAX_INDEXES are dropped (their scales start again at 1)."""
         state = self._indexes.get(index_id)
         if state is None or state.version != version:
             state = self._indexes[index_id] = IndexProbing(version, target)
-            while len(self._indexes) > MAX_INDEXES:
+            while len(self._indexes) > constants.RECALL_MAX_INDEXES:
                 self._indexes.popitem(last=False)
         self._indexes.move_to_end(index_id)
         return state
@@ -136,14 +132,14 @@ class RecallMonitor:
 
     def pick(self, nq: int, k: int) -> np.ndarray:
         """Rows of a batch of ``nq`` queries to measure (none while a measurement runs)."""
-        if self.busy or self.share <= 0 or nq == 0 or k > MAX_K:
+        if self.busy or self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
             return np.zeros(0, dtype=np.int64)
         count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
         if nq > 64:
             count = int(np.random.default_rng(self._rng.getrandbits(32)).binomial(nq, self.share))
         if count == 0:  # most single queries
             return np.zeros(0, dtype=np.int64)
-        rows = self._rng.sample(range(nq), min(count, MAX_ROWS))
+        rows = self._rng.sample(range(nq), min(count, constants.RECALL_MAX_ROWS))
         return np.sort(np.asarray(rows, dtype=np.int64))
 
 

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from actors.errors import PayloadTooLarge
-from serve_app import replica
+from serve_app import constants, replica
 from serve_app.gateway.calls import retry_stale, within
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -31,9 +31,6 @@ class JSON(Response):
 def too_large(limit: int) -> HTTPException:
     # An HTTPException: FastAPI turns anything else raised while reading the body into a 400.
     return HTTPException(PayloadTooLarge.status_code, f"request body exceeds {limit} bytes")
-
-
-INLINE_PARSE_BYTES = 1 << 20  # ~3 ms of orjson parsing
 
 
 def too_slow(detail: str) -> HTTPException:
@@ -84,7 +81,7 @@ class OrjsonRequest(Request):
             body = await self.body()
             # A large body parses in a worker thread: the event loop keeps its turns of the
             # GIL meanwhile, so one big request does not stall the others (health included).
-            if len(body) > INLINE_PARSE_BYTES:
+            if len(body) > constants.INLINE_PARSE_BYTES:
                 self._json = await asyncio.to_thread(orjson.loads, body)
             else:
                 self._json = orjson.loads(body)

@@ -25,12 +25,12 @@ class DirectRoutes:
     """Pure ASGI middleware (inside :class:`ApiKeyGate`): the routes of ``routes`` ((method,
     path) -> (the body's pydantic model, the route's answer to a validated body)) answered
     without FastAPI's routing, dependency solving and request handling, which cost a single
-    query about 0.2 ms of the gateway's CPU (docs/performance.md). The body is read under the
-    same limits (:class:`OrjsonRequest`), parsed and validated with the route's own model, and
-    the route's own answer runs (once more if the index was re-created meanwhile, as
-    :class:`Route` does); its errors are answered as the app's error handlers answer them. A
-    body that does not parse or validate goes on to FastAPI, with the bytes already read, so
-    every such 422 is FastAPI's own."""
+    query a sizeable share of the gateway's CPU (figures: docs/performance.md). The body is
+    read under the same limits (:class:`OrjsonRequest`), parsed and validated with the route's
+    own model, and the route's own answer runs (once more if the index was re-created
+    meanwhile, as :class:`Route` does); its errors are answered as the app's error handlers
+    answer them. A body that does not parse or validate goes on to FastAPI, with the bytes
+    already read, so every such 422 is FastAPI's own."""
 
     def __init__(self, app: ASGIApp, routes: Mapping[tuple[str, str], tuple[Any, Answer]]) -> None:
         self.app = app

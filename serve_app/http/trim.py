@@ -12,11 +12,13 @@ from collections.abc import Iterator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors.process import heap
+from serve_app import constants
 
-# The gateway keeps freed memory at the top of its heap while busy (actors.process.heap): once requests
-# have read a megabyte or more and none has begun for a second, it gives the free pages back
-# (an ingest's buffers: docs/performance.md, Footprint). The Ray transport's calls count too.
-IDLE_TRIM = heap.IdleTrim(1 << 20, quiet_s=1.0)
+# The gateway keeps freed memory at the top of its heap while busy (actors.process.heap): once
+# requests have read IDLE_TRIM_AFTER_BYTES and none has begun for IDLE_TRIM_QUIET_S
+# (serve_app.constants), it gives the free pages back (an ingest's buffers: docs/performance.md,
+# Footprint). The Ray transport's calls count too.
+IDLE_TRIM = heap.IdleTrim(constants.IDLE_TRIM_AFTER_BYTES, quiet_s=constants.IDLE_TRIM_QUIET_S)
 
 
 def request_ended(read_bytes: int) -> None:
@@ -41,8 +43,8 @@ def _trim_if_due(mark: int) -> None:
     if IDLE_TRIM.due(mark):
         # Garbage first, here on the loop (finalizers of asyncio objects expect its thread):
         # buffers that finished requests left in reference cycles are freed only by a
-        # collection, which a quiet process does not start. malloc_trim walks the whole heap
-        # (milliseconds): off the loop.
+        # collection, which a quiet process does not start. malloc_trim walks the whole heap:
+        # off the loop.
         gc.collect()
         threading.Thread(target=heap.trim, name="vaultvec-trim", daemon=True).start()
 

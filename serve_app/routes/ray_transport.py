@@ -52,7 +52,7 @@ async def handle_query(  # the signature of Gateway.query_arrays, the Ray transp
     {"top_k": k, "counts": (nq,) int64, "ids": JSON bytes of the flat id list (sum(counts)
     ids, query after query), "distances": (nq, k) float32 (+inf past counts[q]) or None,
     "metadata": JSON bytes of the flat metadata list (aligned with ids) or None}. The ids
-    travel as one orjson blob: ten times cheaper to encode than a pickled object array."""
+    travel as one orjson blob: far cheaper to encode than a pickled object array."""
     args = QueryArgs(index_name, index_key, top_k, n_probes, filters, greedy, include)
 
     async def run() -> dict[str, Any]:

@@ -9,6 +9,7 @@ import orjson
 from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
+from serve_app import constants
 from serve_app.http.bodies import JSON, OPTIONS, Route
 from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http.gate import require_api_key
@@ -63,13 +64,10 @@ async def answer_query(body: QueryRequest) -> Response:
 DIRECT = {("POST", "/v1/vectors/query"): (QueryRequest, answer_query)}
 
 
-INLINE_RESULTS = 4096
-
-
 @router.post("/get", response_model=GetResponse)
 async def get(body: GetRequest) -> Response:
     results = await items.get(services(), body)
-    if len(results) <= INLINE_RESULTS:
+    if len(results) <= constants.INLINE_GET_RESULTS:
         return JSON({"results": results})
     # Many items encode in a worker thread, leaving the event loop its turns of the GIL.
     answer = await asyncio.to_thread(orjson.dumps, {"results": results}, option=OPTIONS)

@@ -19,6 +19,7 @@ import orjson
 
 from actors.engine.strings import StringBlock, gather_bytes
 from actors.storage.codec import pack_strings
+from serve_app import constants
 from serve_app.gateway.hits import Hits
 from serve_app.service.checks import to_api_distance
 
@@ -80,18 +81,13 @@ def shape_results(
     return out
 
 
-# Up to this many results the dicts are the cheaper way (the layout's numpy calls cost more
-# than they save: a single query's 10 results 72 -> 9 us, 10 queries' 99 -> 43 us; 100
-# queries' 332 us laid out against 463 us as dicts).
-FEW = 256
-
-
 def results_json(
     hits: Hits, metric: str, with_distance: bool, with_metadata: bool, single: bool
 ) -> bytes:
     """The response body ``{"results": ...}``: one list per query, or the only query's list
-    when ``single``."""
-    if int(hits.counts.sum()) > FEW:
+    when ``single``. Up to FEW_RESULTS results as dicts: for so few, the layout's numpy calls
+    cost more than they save (figures: docs/performance.md)."""
+    if int(hits.counts.sum()) > constants.FEW_RESULTS:
         body = laid_out(hits, metric, with_distance, with_metadata, single)
         if body is not None:
             return body

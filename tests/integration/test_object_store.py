@@ -12,7 +12,7 @@ import numpy as np
 import ray
 from ray._private.internal_api import node_stats
 
-from actors.pool.wire import CALL_BYTES
+from actors.constants import CALL_BYTES
 from tests.helpers import clustered
 from tests.integration.support import Index, ok
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from actors import constants
 from actors.errors import IndexRetired, Unauthorized
 from actors.pool import channel
 from actors.pool.actor import ShardPool
@@ -147,9 +148,9 @@ def test_a_gone_socket_sends_calls_through_ray_and_is_looked_up_again(
     p._channel = None  # the restarted actor starts a new server when asked
     assert asyncio.run(search()) == want
     assert handle.calls == ["local_channel", "framed"]
-    assert asyncio.run(search()) == want  # within RETRY_S: Ray, no new lookup
+    assert asyncio.run(search()) == want  # within CHANNEL_RETRY_S: Ray, no new lookup
     assert handle.calls[-1] == "framed"
-    monkeypatch.setattr(channel, "RETRY_S", 0.0)
+    monkeypatch.setattr(constants, "CHANNEL_RETRY_S", 0.0)
     channels._retry_at.clear()
     n = len(handle.calls)
     for _ in range(3):
@@ -215,7 +216,7 @@ def test_a_cancelled_call_drops_its_connection_and_calls_beyond_the_cap_go_throu
         return real(call)
 
     monkeypatch.setitem(p._channel.handlers, channel.FRAMED, slow)
-    monkeypatch.setattr(channel, "MAX_CONNECTIONS", 1)
+    monkeypatch.setattr(constants, "CHANNEL_MAX_CONNECTIONS", 1)
 
     async def run() -> None:
         held = asyncio.ensure_future(client.search(KEY_A, one_list(x[:1])))
@@ -279,7 +280,7 @@ def test_the_socket_is_private_and_stale_sockets_are_removed(
 def test_a_socket_that_is_not_there_is_a_failure_not_a_busy_channel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(channel, "MAX_CONNECTIONS", 1)
+    monkeypatch.setattr(constants, "CHANNEL_MAX_CONNECTIONS", 1)
     ch = channel.Channel(str(tmp_path / "gone.sock"))
 
     async def run() -> None:

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors import constants
 from actors.control.training import TrainParams, train_template
 from actors.engine import compaction, idmap
-from actors.engine import shard as shard_module
 from actors.engine.filters import parse_filter
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex, serialize
@@ -213,8 +213,8 @@ def test_compacted_answers_as_never_compacted(
     q = np.random.default_rng(seed).normal(size=(3, DIM)).astype(np.float32)
     with (
         mock.patch.object(idmap.IdMap, "hash_fn", staticmethod(hash_fn)),
-        mock.patch.object(idmap, "MERGE_MIN", 3),
-        mock.patch.object(idmap, "BULK", 5),
+        mock.patch.object(constants, "IDMAP_MERGE_MIN", 3),
+        mock.patch.object(constants, "IDMAP_BULK", 5),
     ):
         compacted, plain = Pair.new(template), Pair.new(template)
         for step, (op, ids, docs, op_seed) in enumerate(ops):
@@ -249,7 +249,7 @@ def rows(n_live: int, n_dead: int) -> ItemTable:
 
 
 def test_due_needs_both_the_share_and_the_count() -> None:
-    share, least = compaction.COMPACT_DEAD_SHARE, compaction.COMPACT_DEAD_MIN
+    share, least = constants.COMPACT_DEAD_SHARE, constants.COMPACT_DEAD_MIN
     big = int(least / share)
     assert compaction.due(rows(big - least, least))  # exactly at both thresholds
     assert not compaction.due(rows(big - least + 1, least - 1))  # one dead row short
@@ -322,7 +322,7 @@ N_SHARD = 5000  # two writes of every item leave COMPACT_DEAD_MIN dead rows and 
 @pytest.fixture
 def no_idle_tidy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test calls the tidy's compaction itself (Shard._lay_out_lists)."""
-    monkeypatch.setattr(shard_module, "TRIM_AFTER_WRITES_S", 3600.0)
+    monkeypatch.setattr(constants, "TRIM_AFTER_WRITES_S", 3600.0)
 
 
 def shard_batch(ids: list[str], round_no: int) -> UpsertBatch:

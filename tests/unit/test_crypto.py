@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors import constants
 from actors.errors import DecryptError, InvalidRequest
 from actors.storage import crypto
 from actors.storage.crypto import (
@@ -107,9 +108,9 @@ def test_derive_keys_is_cached_and_deterministic() -> None:
 
 def test_derive_cache_is_bounded_and_has_no_raw_keys() -> None:
     crypto._derived.clear()
-    for i in range(crypto._CACHE_SIZE + 10):
+    for i in range(constants.KEY_CACHE_SIZE + 10):
         derive_keys(i.to_bytes(32, "big"), "idx", SALT)
-    assert len(crypto._derived._data) == crypto._CACHE_SIZE
+    assert len(crypto._derived._data) == constants.KEY_CACHE_SIZE
     derive_keys(KEY, "idx", SALT)
     for cache_key in crypto._derived._data:
         assert KEY not in cache_key
@@ -292,6 +293,6 @@ def test_decrypt_error_with_bad_data_key() -> None:
 
 def test_cipher_cache_is_bounded() -> None:
     crypto._ciphers.clear()
-    for i in range(crypto._CACHE_SIZE + 5):
+    for i in range(constants.KEY_CACHE_SIZE + 5):
         seal(i.to_bytes(32, "big"), b"x", AAD)
-    assert len(crypto._ciphers._data) == crypto._CACHE_SIZE
+    assert len(crypto._ciphers._data) == constants.KEY_CACHE_SIZE

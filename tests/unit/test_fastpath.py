@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import fastpath
+from cluster import constants, fastpath
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_ports_picked_for_the_service_lie_below_the_ephemeral_range(
     low, _ = fastpath.ephemeral_ports()
     for _ in range(50):
         port = fastpath.free_port()
-        assert fastpath.PORTS_FROM <= port < low
+        assert constants.PORTS_FROM <= port < low
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # and free
     monkeypatch.setattr(fastpath, "ephemeral_ports", lambda: (1024, 60999))

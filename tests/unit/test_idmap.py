@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.engine import idmap
+from actors import constants
 from actors.engine.items import ItemTable
 
 IDS = st.text(alphabet="abcé😀-", min_size=1, max_size=4)
@@ -52,7 +52,10 @@ def apply(table: ItemTable, model: dict[str, int], op: str, ids: list[str]) -> N
 def test_matches_a_dict(ops: list[tuple[str, list[str]]], hash_fn: Callable[[str], int]) -> None:
     """Every id keeps its latest label: also when many ids share a hash (down to one hash for
     all), when removed ids free their slot for others, and across merges of small writes."""
-    with mock.patch.object(idmap, "MERGE_MIN", 3), mock.patch.object(idmap, "BULK", 5):
+    with (
+        mock.patch.object(constants, "IDMAP_MERGE_MIN", 3),
+        mock.patch.object(constants, "IDMAP_BULK", 5),
+    ):
         table = table_with(hash_fn)
         model: dict[str, int] = {}
         seen: list[str] = []
@@ -107,7 +110,10 @@ def test_a_relabelled_table_finds_every_id_under_its_new_label(
     """ItemTable.relabelled (compaction) moves every id to its new label, with colliding
     hashes (overflow) and pending small writes (recent) too, and the copy goes on taking
     writes as the table did."""
-    with mock.patch.object(idmap, "MERGE_MIN", 3), mock.patch.object(idmap, "BULK", 5):
+    with (
+        mock.patch.object(constants, "IDMAP_MERGE_MIN", 3),
+        mock.patch.object(constants, "IDMAP_BULK", 5),
+    ):
         table = table_with(hash_fn)
         model: dict[str, int] = {}
         seen: list[str] = []

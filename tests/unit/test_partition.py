@@ -9,9 +9,9 @@ import faiss
 import numpy as np
 import pytest
 
+from actors.constants import LOCALITY_MIN_QUERIES
 from actors.control.training import TrainParams, train_template
 from actors.engine.ivf import (
-    LOCALITY_MIN_QUERIES,
     MAX_NORM,
     PartitionIndex,
     locality_order,

@@ -7,8 +7,10 @@ import faiss
 import numpy as np
 import pytest
 
+from actors import constants
+from actors.constants import PER_LIST_REMOVE_MAX
 from actors.control.training import TrainParams, train_template
-from actors.engine.ivf import PER_LIST_REMOVE_MAX, PartitionIndex, deserialize, serialize
+from actors.engine.ivf import PartitionIndex, deserialize, serialize
 from tests.helpers import clustered
 
 N, DIM, N_LISTS = 4000, 32, 100
@@ -120,9 +122,7 @@ def test_fill_lays_out_the_lists_add_does(built) -> None:
 
 
 def test_lists_laid_out_afresh_hold_what_they_held(built, monkeypatch) -> None:
-    import actors.engine.ivf as partition_mod
-
-    monkeypatch.setattr(partition_mod, "COMPACT_MIN", 100)
+    monkeypatch.setattr(constants, "LISTS_COMPACT_MIN", 100)
     part, _ = pair(built)
     part.use_lists(part.laid_out())
     assert part.churn == 0 and not part.needs_layout()

@@ -15,14 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from actors import constants
+from actors.constants import CALL_BYTES, PACKED_GET_IDS
 from actors.errors import IndexRetired, Unauthorized, Unavailable
-from actors.pool import actor as pool_module
 from actors.pool.actor import PoolOptions, ShardPool
 from actors.pool.client import ShardClient
 from actors.pool.placement import place
 from actors.pool.wire import (
-    CALL_BYTES,
-    PACKED_GET_IDS,
     chunks,
     pack,
     pieces,
@@ -182,7 +181,7 @@ def test_a_pool_gives_its_heap_back_once_quiet_when_its_memory_grew(
     gc.collect()  # no pool of an earlier test left whose housekeeping could run meanwhile
     trims: list[bool] = []
     resident = [100 << 20]
-    monkeypatch.setattr(pool_module, "HOUSEKEEPING_PERIOD_S", 3600.0)  # passes run here
+    monkeypatch.setattr(constants, "HOUSEKEEPING_PERIOD_S", 3600.0)  # passes run here
     monkeypatch.setattr(heap, "resident_anon_bytes", lambda pid="self": resident[0])
 
     def trim(collect: bool = False) -> bool:

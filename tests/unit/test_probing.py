@@ -36,9 +36,10 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
+from serve_app.constants import RECALL_MIN_SAMPLES
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
-from serve_app.gateway.probing import MIN_SAMPLES, Bucket, IndexProbing, RecallMonitor, overlap
+from serve_app.gateway.probing import Bucket, IndexProbing, RecallMonitor, overlap
 from tests.helpers import exact_knn
 
 KEY = bytes(range(32))
@@ -212,7 +213,7 @@ def test_config_keeps_its_probe_table_and_older_configs_use_the_fixed_one() -> N
 def test_bucket_fits_the_smallest_scale_reaching_target() -> None:
     b = Bucket()
     rng = np.random.default_rng(0)
-    for _ in range(MIN_SAMPLES - 1):
+    for _ in range(RECALL_MIN_SAMPLES - 1):
         b.needed.append(rng.uniform(0, 2, 10))
     b.fit(0.9)
     assert b.scale == 1.0  # too few samples: unchanged
@@ -229,11 +230,11 @@ def test_bucket_fits_the_smallest_scale_reaching_target() -> None:
 def test_index_probing_reports_the_served_recall_and_scales() -> None:
     state = IndexProbing(version=1, target=0.95)
     assert state.report()["estimate"] is None
-    needed = np.tile(np.array([0.0, 0.0, 3.0, np.nan]), (MIN_SAMPLES, 1))
-    state.record(2, np.full(MIN_SAMPLES, 2 / 3), needed)
+    needed = np.tile(np.array([0.0, 0.0, 3.0, np.nan]), (RECALL_MIN_SAMPLES, 1))
+    state.record(2, np.full(RECALL_MIN_SAMPLES, 2 / 3), needed)
     report = state.report()
     assert report["estimate"] == pytest.approx(0.6667, abs=1e-4)
-    assert report["sampled_queries"] == MIN_SAMPLES
+    assert report["sampled_queries"] == RECALL_MIN_SAMPLES
     scales = report["probe_scale"]
     assert scales["unfiltered"] == scales["broad_filter"] == 1.0  # no samples
     assert scales["selective_filter"] == pytest.approx(3.0, rel=1e-3)  # just above the need
@@ -244,7 +245,7 @@ def test_monitor_samples_its_share_and_nothing_while_busy() -> None:
     picked = sum(len(m.pick(100, 10)) for _ in range(200))
     assert 1500 < picked < 2500
     assert len(m.pick(10_000, 10)) <= 16
-    assert len(m.pick(100, 101)) == 0  # top_k past MAX_K is not measured
+    assert len(m.pick(100, 101)) == 0  # top_k past RECALL_MAX_K is not measured
     m.busy = True
     assert len(m.pick(100, 10)) == 0
     assert RecallMonitor(share=0.0).pick(100, 10).size == 0

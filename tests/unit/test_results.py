@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.engine.strings import StringBlock
+from serve_app.constants import FEW_RESULTS
 from serve_app.gateway.hits import Hits
-from serve_app.service.results import FEW, laid_out, results_json, shape_results
+from serve_app.service.results import laid_out, results_json, shape_results
 
 # Ids with and without characters that JSON escapes (the latter take orjson's path).
 PLAIN_ID = st.text(alphabet=st.sampled_from("ab7-_:/ é中😀"), min_size=1, max_size=8)
@@ -111,7 +112,7 @@ def test_distances_keep_every_bit_of_float32() -> None:
     d.sort(axis=1)
     ids = StringBlock.from_list([str(i) for i in range(500)], (50, 10))
     h = Hits(d, ids, None, np.full(50, 10))
-    assert d.size > FEW  # laid out by numpy
+    assert d.size > FEW_RESULTS  # laid out by numpy
     body = orjson.loads(results_json(h, "squared_euclidean", True, False, single=False))
     got = np.array([[e["distance"] for e in row] for row in body["results"]], dtype=np.float32)
     assert (got == d).all()

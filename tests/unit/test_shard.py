@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+from actors import constants
 from actors.control.training import TrainParams, train_template
 from actors.engine.filters import parse_filter
 from actors.engine.ivf import serialize
@@ -231,7 +232,7 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
         return True
 
     monkeypatch.setattr(shard_mod.heap, "trim", trim)
-    monkeypatch.setattr(shard_mod, "TRIM_AFTER_WRITES_S", 1.0)
+    monkeypatch.setattr(constants, "TRIM_AFTER_WRITES_S", 1.0)
     x = clustered(200, 8, seed=2)
     shard = new_shard(tmp_path)
     mine.add(f"vaultvec-tidy-{id(shard):x}")
@@ -263,11 +264,10 @@ def test_heap_is_trimmed_once_writes_pause(tmp_path: Path, monkeypatch: pytest.M
 def test_churned_lists_are_laid_out_once_writes_pause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import actors.engine.ivf as partition_mod
-    import actors.engine.shard as shard_mod
+    from actors import constants
 
-    monkeypatch.setattr(shard_mod, "TRIM_AFTER_WRITES_S", 0.2)
-    monkeypatch.setattr(partition_mod, "COMPACT_MIN", 50)
+    monkeypatch.setattr(constants, "TRIM_AFTER_WRITES_S", 0.2)
+    monkeypatch.setattr(constants, "LISTS_COMPACT_MIN", 50)
     x = clustered(600, 16, seed=4)
     shard = new_shard(tmp_path)
     shard.upsert(KEY, batch(x[:300], 0))

@@ -138,7 +138,7 @@ def test_a_few_labels_gather_as_many_do(values: list[str | None], data: st.DataO
     picks = data.draw(st.lists(st.integers(-1, len(values) - 1), min_size=size, max_size=size))
     labels = np.array(picks, dtype=np.int64).reshape(shape)
     few = col.get(labels)
-    many = col.get(np.tile(labels.ravel(), 8))  # past SMALL_GET: the vectorised gather
+    many = col.get(np.tile(labels.ravel(), 8))  # past STRINGS_SMALL_GET: the vectorised gather
     assert few.shape == labels.shape and few.lens.dtype == np.int32
     assert few.flat() == many.flat()[:size] == [values[p] if p >= 0 else None for p in picks]
     assert few.blob.tobytes() == many.blob.tobytes()[: len(few.blob)]

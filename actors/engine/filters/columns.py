@@ -13,8 +13,8 @@ reaches a path along several branches): per path the rows of each object walked 
 ("objs") and of scalars or nulls met there ("stop"). A row has a branch missing the key ``k`` of
 ``p.k`` when ``p`` has more such objects than there are ``p.k`` entries (a cached bincount).
 
-Appends and evaluations cost milliseconds for hundreds of thousands of rows; the measured
-figures are in docs/performance.md (measurements behind design choices).
+Appends and evaluations are vectorised over all rows at once (figures: docs/performance.md,
+measurements behind design choices).
 """
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ class MetadataColumns:
 
 
 def _scatter(mask: np.ndarray, rows: np.ndarray, hit: np.ndarray, unique: bool) -> None:
-    """``mask[rows[hit]] = True``; with unique rows and many hits an in-place OR is ~2x faster."""
+    """``mask[rows[hit]] = True``; with unique rows and many hits an in-place OR is quicker."""
     if unique and np.count_nonzero(hit) * 8 > len(hit):
         mask[rows] |= hit
     else:
