@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import ray
@@ -76,17 +76,6 @@ class Unsettled(Unavailable):
         "the key switch could not be confirmed in the store; the control plane settles it when "
         "it restarts"
     )
-
-
-@dataclass(frozen=True, repr=False)
-class NextKey:
-    """A partition's half of a rotation under way: the next epoch and its data key."""
-
-    key: bytes
-    epoch: int
-
-    def __repr__(self) -> str:
-        return f"NextKey(epoch={self.epoch}, key=<redacted>)"
 
 
 class Partitions(Protocol):

@@ -5,10 +5,21 @@ sealed first."""
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 
-from actors.control.rotation import NextKey
 from actors.errors import Unauthorized, Unavailable
 from actors.storage import Store, persistence
+
+
+@dataclass(frozen=True, repr=False)
+class NextKey:
+    """A partition's half of a rotation under way: the next epoch and its data key."""
+
+    key: bytes
+    epoch: int
+
+    def __repr__(self) -> str:
+        return f"NextKey(epoch={self.epoch}, key=<redacted>)"
 
 
 class KeyRotated(Unauthorized):
