@@ -51,6 +51,11 @@ class IndexNotFound(VaultvecError):
     default_detail = "index not found"
 
 
+class UserNotFound(VaultvecError):
+    status_code = 404
+    default_detail = "user not found"
+
+
 class IndexExists(VaultvecError):
     status_code = 409
     default_detail = "index already exists"

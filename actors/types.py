@@ -111,6 +111,23 @@ class KeyRotation:
 
 
 @dataclass(frozen=True)
+class UserGrant:
+    """One user of an index (actors.storage.users): its rights, the check of its key, and the
+    index's data key wrapped under its key (and its key's KEK escrowed under the data key, for
+    rotations). Holds nothing that opens the index without the user's key or the index key."""
+
+    user_id: str
+    rights: tuple[str, ...]  # sorted, from ("read", "write")
+    salt: bytes
+    verifier: bytes
+    wrapped: bytes
+    escrow: bytes
+
+    def __repr__(self) -> str:
+        return f"UserGrant({self.user_id!r}, {self.rights!r})"
+
+
+@dataclass(frozen=True)
 class IndexMeta:
     """The plaintext catalog entry: enough to list an index, verify a key and find its
     partitions, nothing more."""
@@ -128,6 +145,7 @@ class IndexMeta:
     rotation: KeyRotation | None = None  # set while a rotation to epoch + 1 is under way
     retired_epoch: int = -1  # >= 0: an earlier epoch whose blobs are still being deleted
     owner: str = ""  # the name of the API key that created it (quotas); "" before names
+    users: tuple[UserGrant, ...] = ()  # per-index user keys (actors.storage.users)
 
 
 @dataclass(frozen=True)

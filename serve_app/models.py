@@ -80,7 +80,8 @@ class Model(BaseModel):
 
 class IndexRequest(Model):
     index_name: IndexName
-    index_key: IndexKey
+    # Required with an API key; a per-index user key opens the index without it (null).
+    index_key: IndexKey | None = None
 
 
 class IndexConfigIn(Model):
@@ -99,9 +100,6 @@ class IndexConfigIn(Model):
 
 
 class CreateIndexRequest(IndexRequest):
-    # Optional in the schema only so that a KMS-style create (kms_name, no key) gets a message
-    # naming KMS; a create without either is a 422 naming index_key.
-    index_key: IndexKey | None = None  # type: ignore[assignment]
     index_config: IndexConfigIn | None = None
     # The top-level forms newer CyborgDB clients send (they take precedence over index_config).
     index_type: IndexTypeIn | None = Field(None, description="as index_config.type")
@@ -148,6 +146,7 @@ class TrainRequest(IndexRequest):
 
 
 class RotateKeyRequest(IndexRequest):
+    index_key: IndexKey  # the current key: a rotation is the index key holder's alone
     new_index_key: IndexKey = Field(
         description="the key to re-seal the index under, 64 hex characters (never stored): "
         "once the rotation answers, only it opens the index"
@@ -220,7 +219,8 @@ class StatusResponse(Model):
 class HealthResponse(Model):
     status: str
     api_version: str
-    version: str
+    version: str = Field(description="the CyborgDB API release vaultvec implements")
+    vaultvec_version: str
 
 
 class ListIndexesResponse(Model):
@@ -448,3 +448,28 @@ class BinaryQueryRequest(IndexRequest):
     include: list[QueryInclude] | None = Field(
         None, description='as /v1/vectors/query; default ["distance","metadata"]'
     )
+
+
+# -- per-index users (CyborgDB 0.17's RBAC routes) --------------------------------------------
+Permission = Literal["read", "write"]
+
+
+class CreateUserRequest(Model):
+    permissions: list[Permission] = Field(
+        min_length=1, max_length=2, description='a non-empty subset of ["read", "write"]'
+    )
+    index_key: IndexKey | None = None
+
+
+class CreateUserResponse(Model):
+    user_id: str
+    api_key: str = Field(description="the user's key: returned this once, never stored")
+
+
+class UserInfo(Model):
+    user_id: str
+    permissions: list[str]
+
+
+class ListUsersResponse(Model):
+    users: list[UserInfo]

@@ -73,6 +73,16 @@ class ControlClient:
     ) -> None:
         await answer(self.handle.rotate_key.remote(name, data_key, salt, verifier, new_data_key))
 
+    # -- per-index users --------------------------------------------------------------------------
+    async def create_user(self, name: str, data_key: bytes, rights: list[str]) -> tuple[str, str]:
+        return await answer(self.handle.create_user.remote(name, data_key, rights))
+
+    async def list_users(self, name: str, data_key: bytes) -> list[tuple[str, tuple[str, ...]]]:
+        return await answer(self.handle.list_users.remote(name, data_key))
+
+    async def delete_user(self, name: str, data_key: bytes, user_id: str) -> None:
+        await answer(self.handle.delete_user.remote(name, data_key, user_id))
+
     # -- metrics --------------------------------------------------------------------------------
     def report_metrics(self, replica: str, families: list[Family]) -> None:
         self.handle.report_metrics.remote(replica, families)

@@ -1,12 +1,15 @@
-"""What the control plane is started with (:class:`EngineOptions`, from serve_app.settings) and
-what a gateway caches of an index from it (:class:`IndexView`)."""
+"""What the control plane is started with (:class:`EngineOptions`, from serve_app.settings),
+what a gateway caches of an index from it (:class:`IndexView`), and how a new index is named
+and sharded by default."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import ray
 
 from actors.pool.client import ShardClient
 from actors.types import IndexConfig, IndexMeta, Partition
@@ -48,3 +51,15 @@ class IndexView:
         """Typed calls to each partition, in shard number order."""
         m = self.meta
         return [ShardClient(h, Partition(m.name, m.index_id, s)) for s, h in enumerate(self.shards)]
+
+
+def default_shards() -> int:
+    """Shards for an index created without a count: one per live Ray node with CPUs. Within a
+    node one partition serves a query with one actor call (each call costs more than searching
+    a small index: docs/performance.md) and a batch with every core (Shard.search)."""
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0))
+    return max(1, nodes)
+
+
+def new_index_id() -> str:
+    return secrets.token_hex(8)

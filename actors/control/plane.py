@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 import time
 from collections import Counter
@@ -23,18 +22,25 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.control import rotation, trainer
-from actors.control.options import EngineOptions, IndexView
+from actors.control.options import EngineOptions, IndexView, default_shards
 from actors.control.training import (
     TrainParams,
 )
 from actors.engine.ivf import centroids_of, deserialize
-from actors.errors import IndexExists, IndexNotFound, InvalidRequest, Unauthorized, VaultvecError
+from actors.errors import (
+    IndexExists,
+    IndexNotFound,
+    InvalidRequest,
+    Unauthorized,
+    UserNotFound,
+    VaultvecError,
+)
 from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
 from actors.pool.client import ShardClient
 from actors.pool.placement import Pool, place
 from actors.process import heap
 from actors.process.cpus import node_cpus
-from actors.storage import Store, open_store, persistence
+from actors.storage import Store, open_store, persistence, users
 from actors.storage.crypto import fingerprint
 from actors.types import IndexConfig, IndexMeta, KeyRotation, Partition, PoolStats
 
@@ -404,6 +410,10 @@ class ControlPlane:
                 epoch=epoch,
                 rotation=None,
                 retired_epoch=current.epoch,
+                users=tuple(  # each user's grant wraps the new data key
+                    users.rewrap(u, current.index_id, current.epoch, key, epoch, new_key)
+                    for u in current.users
+                ),
             )
             try:
                 persistence.write_meta(self.store, new)  # the switch
@@ -414,6 +424,35 @@ class ControlPlane:
             self._configs[meta.name] = new_cfg
             self._keys[meta.name] = (new.index_id, epoch, fingerprint(new_key))
             return new
+
+    # -- per-index users (actors.storage.users) ------------------------------------------------
+    def create_user(self, name: str, key: bytes, rights: list[str]) -> tuple[str, str]:
+        """A new user of the index: (its id, its key: returned this once, never stored)."""
+        meta = self._check_key(name, key)
+        minted: list[str] = []
+
+        def add(current: IndexMeta) -> IndexMeta:
+            if current.epoch != meta.epoch:  # rotated since the key was checked
+                raise Unauthorized("invalid index_key for this index: the key was rotated")
+            api_key, grant = users.mint(current.index_id, current.epoch, key, rights)
+            minted.append(api_key)
+            return replace(current, users=(*current.users, grant))
+
+        return self.update_meta(meta, add).users[-1].user_id, minted[0]
+
+    def list_users(self, name: str, key: bytes) -> list[tuple[str, tuple[str, ...]]]:
+        return [(u.user_id, u.rights) for u in self._check_key(name, key).users]
+
+    def delete_user(self, name: str, key: bytes, user_id: str) -> None:
+        """Revoke a user: its grant leaves the catalog entry, so its key opens nothing."""
+
+        def drop(current: IndexMeta) -> IndexMeta:
+            kept = tuple(u for u in current.users if u.user_id != user_id)
+            if len(kept) == len(current.users):
+                raise UserNotFound(f"index {name!r} has no user {user_id!r}")
+            return replace(current, users=kept)
+
+        self.update_meta(self._check_key(name, key), drop)
 
     def _current(self, meta: IndexMeta) -> IndexMeta:
         """The catalog's entry for ``meta``'s index (caller holds the lock)."""
@@ -455,15 +494,3 @@ class ControlPlane:
 
     def ping(self) -> bool:
         return True
-
-
-def default_shards() -> int:
-    """Shards for an index created without a count: one per live Ray node with CPUs. Within a
-    node one partition serves a query with one actor call (each call costs more than searching
-    a small index: docs/performance.md) and a batch with every core (Shard.search)."""
-    nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0))
-    return max(1, nodes)
-
-
-def new_index_id() -> str:
-    return secrets.token_hex(8)

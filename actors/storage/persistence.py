@@ -27,7 +27,7 @@ import orjson
 from actors.errors import DecryptError
 from actors.storage import Store, codec, key_join
 from actors.storage.crypto import aad, open_sealed, seal
-from actors.types import IndexConfig, IndexMeta, KeyRotation, UpsertBatch
+from actors.types import IndexConfig, IndexMeta, KeyRotation, UpsertBatch, UserGrant
 
 
 def index_prefix(index_id: str) -> str:
@@ -87,6 +87,10 @@ def delete_epoch(store: Store, index_id: str, epoch: int) -> None:
 
 # -- catalog entry & config -----------------------------------------------------------------
 def write_meta(store: Store, meta: IndexMeta) -> None:
+    store.put(meta_key(meta.index_id), meta_document(meta))
+
+
+def meta_document(meta: IndexMeta) -> bytes:
     doc: dict[str, object] = {
         "name": meta.name,
         "index_id": meta.index_id,
@@ -104,7 +108,19 @@ def write_meta(store: Store, meta: IndexMeta) -> None:
         doc["retired_epoch"] = meta.retired_epoch
     if meta.owner:
         doc["owner"] = meta.owner
-    store.put(meta_key(meta.index_id), orjson.dumps(doc))
+    if meta.users:
+        doc["users"] = [
+            {
+                "user_id": u.user_id,
+                "rights": list(u.rights),
+                "salt": u.salt.hex(),
+                "verifier": u.verifier.hex(),
+                "wrapped": u.wrapped.hex(),
+                "escrow": u.escrow.hex(),
+            }
+            for u in meta.users
+        ]
+    return orjson.dumps(doc)
 
 
 def read_meta(raw: bytes) -> IndexMeta:
@@ -122,6 +138,17 @@ def read_meta(raw: bytes) -> IndexMeta:
         else KeyRotation(bytes.fromhex(rotation["salt"]), bytes.fromhex(rotation["verifier"])),
         retired_epoch=int(doc.get("retired_epoch", -1)),
         owner=str(doc.get("owner", "")),
+        users=tuple(
+            UserGrant(
+                u["user_id"],
+                tuple(u["rights"]),
+                bytes.fromhex(u["salt"]),
+                bytes.fromhex(u["verifier"]),
+                bytes.fromhex(u["wrapped"]),
+                bytes.fromhex(u["escrow"]),
+            )
+            for u in doc.get("users", ())
+        ),
     )
 
 

@@ -19,6 +19,9 @@ class RequestContext:
     key: str | None = None  # the API key's name (serve_app.access.keys), once the gate matched one
     limits: Any = None  # that key's serve_app.settings.Limits
     rights: Any = None  # what it may do (serve_app.access.rights.Right); None: everything
+    # A per-index user key's (user id, secret) (actors.storage.users): the index it opens and
+    # the rights it holds there are known once its grant is found (serve_app.service.unlock).
+    user: tuple[str, bytes] | None = None
     index: str | None = None  # the index the request unlocked
     items: int | None = None  # items, queries or ids it carried or answered
 
@@ -45,6 +48,8 @@ def note(
     limits: Any = None,
     index: str | None = None,
     items: int | None = None,
+    rights: Any = None,
+    user: tuple[str, bytes] | None = None,
 ) -> None:
     """Record what is known now about the request this task serves (no-op outside one)."""
     context = _CONTEXT.get()
@@ -58,3 +63,7 @@ def note(
         context.index = index
     if items is not None:
         context.items = items
+    if rights is not None:
+        context.rights = rights
+    if user is not None:
+        context.user = user

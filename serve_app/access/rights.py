@@ -21,6 +21,7 @@ class Right(Flag):
 
 
 ALL = Right.READ | Right.WRITE | Right.MANAGE
+OPEN = Right(0)  # no right beyond opening the index: any of its users may (describe)
 
 
 def require(right: Right) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import hmac
 import itertools
 import logging
 import time
@@ -113,14 +114,18 @@ class Engine:
 
     async def view(self, name: str, key_hex: str) -> CachedView:
         meta, keys = await self.keys(name, key_hex)
-        cached = self._views.get(name)
+        return await self.view_unlocked(meta, keys.data_key)
+
+    async def view_unlocked(self, meta: IndexMeta, data_key: bytes) -> CachedView:
+        """The view of ``meta``'s index for a data key already known to open it."""
+        cached = self._views.get(meta.name)
         if (
             cached is not None
             and cached.view.meta.index_id == meta.index_id
-            and cached.key == keys.data_key
+            and hmac.compare_digest(cached.key, data_key)
         ):
             return cached
-        return await self._load_view(name, keys.data_key)
+        return await self._load_view(meta.name, data_key)
 
     async def _load_view(self, name: str, data_key: bytes) -> CachedView:
         view = await self.control.view(name, data_key)

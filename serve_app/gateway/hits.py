@@ -113,6 +113,6 @@ def entries(parts: Sequence[Fetched]) -> dict[str, dict[str, Any]]:
                 entry["contents"] = part.contents[j]
             if part.metadata is not None:
                 m = part.metadata[j]
-                entry["metadata"] = orjson.Fragment(m) if m is not None else None
+                entry["metadata"] = orjson.Fragment(m if m is not None else b"{}")
             found[item_id] = entry
     return found

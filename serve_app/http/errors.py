@@ -8,6 +8,7 @@ request id and answered with a scrubbed 500 carrying that id.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -76,12 +77,32 @@ def install(app: FastAPI) -> None:
         return error_response(422, f"{where}: {first['msg']}", errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:  # Allow: the methods of every route of the path, not one's
+            methods = allowed_methods(request.app, request.url.path)
+            if methods:
+                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
         return response_for(exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
         return response_for(exc)
+
+
+def allowed_methods(app: FastAPI, path: str) -> set[str]:
+    """The methods the OpenAPI document lists for ``path`` (its templates matched one segment
+    per parameter): Starlette's own 405 names those of the first route of the path only."""
+    table = app.state.__dict__.get("_allowed")
+    if table is None:
+        table = app.state._allowed = [
+            (re.compile(re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(template))), set(ops))
+            for template, ops in app.openapi()["paths"].items()
+        ]
+    methods: set[str] = set()
+    for pattern, ops in table:
+        if pattern.fullmatch(path):
+            methods |= {m.upper() for m in ops}
+    return methods
 
 
 def response_for(exc: Exception) -> Response:

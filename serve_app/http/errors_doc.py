@@ -14,6 +14,7 @@ def _doc(text: str) -> dict[str, Any]:
 CONFLICT: dict[int | str, dict[str, Any]] = {409: _doc("An index with this name exists")}
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: _doc("Missing or wrong X-API-Key, or wrong index_key"),
+    403: _doc("A per-index user key without the permission this needs"),
     404: _doc("Unknown index"),
     422: _doc("Invalid parameters"),
     500: _doc("Internal error (message scrubbed, request id kept)"),

@@ -11,11 +11,17 @@ from fastapi.security import APIKeyHeader
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from actors.errors import Unauthorized
+from actors.storage import users
 from serve_app import replica
 from serve_app.access import context, keys
+from serve_app.access.rights import Right
 from serve_app.http.errors import error_response
 from serve_app.http.trim import tidied
 from serve_app.settings import Limits
+
+USERS = "users"  # the key name per-index users' requests are limited and counted under
+USER_RIGHTS = Right.READ | Right.WRITE  # the most a user may hold; its grant may hold less
 
 API_KEY_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="the service API key")
 
@@ -81,7 +87,13 @@ class ApiKeyGate:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.open_prefixes = open_prefixes
-        self.json_routes = frozenset(json_routes)
+        self.json_routes = frozenset(r for r in json_routes if "{" not in r[1])
+        # Routes with a path parameter ("/v1/indexes/{index_name}/users"): one segment each.
+        self.json_templates = [
+            (method, re.compile(re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(path))))
+            for method, path in json_routes
+            if "{" in path
+        ]
         self.open_if = dict(open_if or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,6 +106,9 @@ class ApiKeyGate:
                 given = value
             elif name == b"content-type" and content_type is None:
                 content_type = value
+        if given and users.is_user_key(given):
+            await self.user_request(given, content_type, scope, receive, send)
+            return
         key = keys.match(given, replica.REPLICA.keys) if given else None
         if not given:
             refusal = error_response(401, "missing X-API-Key header")
@@ -102,7 +117,7 @@ class ApiKeyGate:
         elif wait := replica.REPLICA.limiter.wait(key.name):
             context.note(key=key.name)
             refusal = over_rate(key.name, replica.REPLICA.limiter.limits(key.name), wait)
-        elif (scope["method"], self.path(scope)) in self.json_routes and not is_json(content_type):
+        elif self.reads_json(scope) and not is_json(content_type):
             context.note(key=key.name)
             refusal = error_response(415, not_json_detail(content_type))
         else:
@@ -110,6 +125,35 @@ class ApiKeyGate:
             await tidied(self.app, scope, receive, send)
             return
         await refusal(scope, receive, send)  # sends the answer only: never calls receive()
+
+    async def user_request(
+        self, given: bytes, content_type: bytes | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A per-index user key: well formed, or 401; its grant is checked once the request
+        names its index (serve_app.service.unlock). Users share one rate bucket (the
+        ``users`` key name), so made-up user ids cannot grow the limiter."""
+        try:
+            user_id, secret = users.parse(given.decode("latin-1"))
+        except Unauthorized:
+            await error_response(401, "invalid API key")(scope, receive, send)
+            return
+        limiter = replica.REPLICA.limiter
+        context.note(key=f"user-{user_id}", user=(user_id, secret), rights=USER_RIGHTS)
+        if wait := limiter.wait(USERS):
+            refusal = over_rate(USERS, limiter.limits(USERS), wait)
+        elif self.reads_json(scope) and not is_json(content_type):
+            refusal = error_response(415, not_json_detail(content_type))
+        else:
+            context.note(limits=limiter.limits(USERS))
+            await tidied(self.app, scope, receive, send)
+            return
+        await refusal(scope, receive, send)
+
+    def reads_json(self, scope: Scope) -> bool:
+        method, path = scope["method"], self.path(scope)
+        if (method, path) in self.json_routes:
+            return True
+        return any(m == method and p.fullmatch(path) for m, p in self.json_templates)
 
     def is_open(self, scope: Scope) -> bool:
         path = self.path(scope)

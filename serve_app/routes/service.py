@@ -22,7 +22,15 @@ from serve_app.replica import services
 
 health_router = APIRouter(route_class=Route)
 router = APIRouter(route_class=Route)
-_BODY = {"status": "healthy", "api_version": "v1", "version": __version__}
+#: The CyborgDB service release whose API vaultvec answers: CyborgDB's tools read ``version``
+#: (cyborgdb-migrate 0.18 accepts servers 0.18.* only); vaultvec's own is ``vaultvec_version``.
+CYBORGDB_API = "0.18.0"
+_BODY = {
+    "status": "healthy",
+    "api_version": "v1",
+    "version": CYBORGDB_API,
+    "vaultvec_version": __version__,
+}
 
 
 @health_router.get("/health", response_model=HealthResponse)

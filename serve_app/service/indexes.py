@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.control.plane import new_index_id
+from actors.control.options import new_index_id
 from actors.control.training import TrainParams
 from actors.engine.ivf import default_pq_dim
 from actors.errors import InvalidRequest
@@ -24,13 +24,16 @@ from serve_app.models import (
 )
 from serve_app.service import text
 from serve_app.service.deps import Services
+from serve_app.service.unlock import open_index
 
 
 async def list_indexes(svc: Services) -> list[str]:
+    rights.require(Right.MANAGE)  # the service's catalog: API keys, not one index's users
     return await svc.engine.control.list_indexes()
 
 
 async def training_status(svc: Services) -> dict[str, Any]:
+    rights.require(Right.MANAGE)  # names the indexes training
     return await svc.engine.control.training_status()
 
 
@@ -131,9 +134,9 @@ async def create(svc: Services, body: CreateIndexRequest) -> dict[str, Any]:
 
 
 async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
-    rights.require(Right.READ)
     engine = svc.engine
-    cv = await engine.view(body.index_name, body.index_key)
+    # Any user of the index may describe it (CyborgDB's clients describe on load).
+    cv = await open_index(engine, body.index_name, body.index_key, rights.OPEN)
     stats, pools = await engine.memory(cv)
     num = sum(st.count for st in stats)
     cv = await engine.refresh_if_stale(cv, [st.version for st in stats], now=True)
@@ -155,7 +158,10 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
             "dimension": dimension,
             "metric": cfg.metric,
             "n_lists": n_lists,
-            "pq_dim": (cfg.pq_dim or default_pq_dim(dimension)) if ivfpq and dimension else 0,
+            # as created, also while the dimension is unknown (fixed by the first upsert)
+            "pq_dim": (cfg.pq_dim or (default_pq_dim(dimension) if dimension else 0))
+            if ivfpq
+            else 0,
             "pq_bits": (cfg.pq_bits or 8) if ivfpq else 0,
         },
         "embedding_model": cfg.embedding_model,
@@ -191,18 +197,16 @@ def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
 
 
 async def delete(svc: Services, body: IndexRequest) -> dict[str, Any]:
-    rights.require(Right.MANAGE)
     engine = svc.engine
-    cv = await engine.view(body.index_name, body.index_key)
+    cv = await open_index(engine, body.index_name, body.index_key, Right.MANAGE)
     await engine.control.delete_index(body.index_name, cv.key)
     engine.forget(body.index_name)
     return {"status": "success", "message": f"Index '{body.index_name}' deleted"}
 
 
 async def train(svc: Services, body: TrainRequest) -> dict[str, Any]:
-    rights.require(Right.MANAGE)
     engine = svc.engine
-    cv = await engine.view(body.index_name, body.index_key)
+    cv = await open_index(engine, body.index_name, body.index_key, Right.MANAGE)
     params = TrainParams(
         n_lists=body.n_lists or None,
         batch_size=body.batch_size or None,

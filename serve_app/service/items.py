@@ -8,20 +8,20 @@ from typing import Any
 
 from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
-from serve_app.access import context, rights
+from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.models import DeleteRequest, GetRequest, IndexRequest, QueryMetadataRequest
 from serve_app.service.deps import Services
 from serve_app.service.params import Limits, distinct, get_fields
+from serve_app.service.unlock import open_index
 
 
 async def get(svc: Services, body: GetRequest) -> list[dict[str, Any]]:
     """The stored items of ``body.ids`` (each once, unknown ones left out) in the order asked."""
-    rights.require(Right.READ)
     Limits.of(svc.settings).check_ids(body.ids)
     context.note(items=len(body.ids))
-    cv = await svc.engine.view(body.index_name, body.index_key)
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.READ)
     return await fetch(svc.engine, cv, body.ids, body.include)
 
 
@@ -41,10 +41,9 @@ async def fetch(
 
 async def delete(svc: Services, body: DeleteRequest) -> int:
     """Delete ``body.ids``; how many of them the index held."""
-    rights.require(Right.WRITE)
     Limits.of(svc.settings).check_ids(body.ids)
     context.note(items=len(body.ids))
-    cv = await svc.engine.view(body.index_name, body.index_key)
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.WRITE)
     ids = distinct(body.ids)
     context.note(items=len(ids))
     if any(not i for i in ids):
@@ -53,16 +52,14 @@ async def delete(svc: Services, body: DeleteRequest) -> int:
 
 
 async def list_ids(svc: Services, body: IndexRequest) -> list[str]:
-    rights.require(Right.READ)
-    cv = await svc.engine.view(body.index_name, body.index_key)
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.READ)
     ids = await svc.engine.list_ids(cv)
     context.note(items=len(ids))
     return ids
 
 
 async def count(svc: Services, body: IndexRequest) -> int:
-    rights.require(Right.READ)
-    cv = await svc.engine.view(body.index_name, body.index_key)
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.READ)
     num, _ = await svc.engine.count(cv)
     return num
 
@@ -73,12 +70,11 @@ async def query_metadata(
     """Metadata-only search: (results, ids) of the items the filter matches (no vector), in
     the order of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
     get returns them."""
-    rights.require(Right.READ)
     if body.text:
         raise InvalidRequest("query_metadata: text (BM25 full-text search) is not supported")
     order_by, ascending = sort_order(body.order_by, body.ascending)
     engine = svc.engine
-    cv = await engine.view(body.index_name, body.index_key)
+    cv = await open_index(engine, body.index_name, body.index_key, Right.READ)
     node = parse_filter(body.filters or None)
     ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
     context.note(items=len(ids))

@@ -179,7 +179,7 @@ class QueryFields(Protocol):
     @property
     def index_name(self) -> str: ...
     @property
-    def index_key(self) -> str: ...
+    def index_key(self) -> str | None: ...
     @property
     def top_k(self) -> int | None: ...
     @property
@@ -197,7 +197,7 @@ class QueryArgs:
     """The query options of a call that has no request body (the Ray transport)."""
 
     index_name: str
-    index_key: str
+    index_key: str | None
     top_k: int | None = None
     n_probes: int | None = None
     filters: Any = None
@@ -210,7 +210,7 @@ class QueryParams:
     """One query's parameters: validated, defaults applied, the filter parsed."""
 
     index_name: str
-    index_key: str
+    index_key: str | None
     top_k: int
     n_probes: int  # 0 = automatic
     filter: FilterNode | None
@@ -251,7 +251,7 @@ class Columns(Protocol):
     @property
     def index_name(self) -> str: ...
     @property
-    def index_key(self) -> str: ...
+    def index_key(self) -> str | None: ...
     @property
     def ids(self) -> Sequence[str]: ...
     @property
@@ -265,7 +265,7 @@ class UpsertArgs:
     """The columns of the binary form's batch and of the Ray transport's upsert."""
 
     index_name: str
-    index_key: str
+    index_key: str | None
     ids: Sequence[str]
     metadata: Sequence[Any] | None = None
     contents: Sequence[str | None] | None = None
@@ -276,7 +276,7 @@ class UpsertRows:
     """One upsert's rows: within the Limits, metadata encoded as stored, contents per row."""
 
     index_name: str
-    index_key: str
+    index_key: str | None
     ids: list[str]
     vectors: np.ndarray | ItemVectors
     metadata: list[bytes | None]  # stored JSON

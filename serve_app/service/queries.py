@@ -16,7 +16,7 @@ import orjson
 
 from actors.engine.strings import StringBlock
 from actors.errors import InvalidRequest
-from serve_app.access import context, rights
+from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Hits
@@ -32,7 +32,8 @@ from serve_app.service.checks import (
 from serve_app.service.deps import Services
 from serve_app.service.params import Fields, QueryParams, distinct
 from serve_app.service.results import filled, results_json, shape_results
-from serve_app.telemetry import lap, now, started
+from serve_app.service.unlock import open_index
+from serve_app.telemetry import lap, now
 
 QUERY_FIELD = "query_vectors"  # how errors name a query's vectors, whatever the transport
 
@@ -55,15 +56,6 @@ async def query(engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarr
     return await engine.search(cv, x, params.query)
 
 
-async def unlock(engine: Engine, name: str, key: str) -> CachedView:
-    """The index's view for a request's key; the time until now counts as the request's parse
-    stage (body, JSON, validation, parameters), the unlock as its own."""
-    t = lap("parse", started())
-    cv = await engine.view(name, key)
-    lap("unlock", t)
-    return cv
-
-
 # -- the JSON answer (/v1/vectors/query, /v1/vectors/query_binary) --------------------------
 async def answer(svc: Services, body: QueryRequest) -> bytes:
     """The JSON answer to a validated query body: vectors (one, or a batch) or a text."""
@@ -78,9 +70,8 @@ async def answer(svc: Services, body: QueryRequest) -> bytes:
 
 async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
     """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
-    rights.require(Right.READ)
     context.note(items=len(x))
-    cv = await unlock(engine, params.index_name, params.index_key)
+    cv = await open_index(engine, params.index_name, params.index_key, Right.READ)
     return await json_answer(engine, cv, params, x, single)
 
 
@@ -88,9 +79,8 @@ async def query_text_json(
     engine: Engine, embedder: Any, params: QueryParams, query_text: str
 ) -> bytes:
     """The JSON answer to a text query, embedded with the index's model: one flat list."""
-    rights.require(Right.READ)
     context.note(items=1)
-    cv = await unlock(engine, params.index_name, params.index_key)
+    cv = await open_index(engine, params.index_name, params.index_key, Right.READ)
     model = text.index_model(cv.config, "query_contents")
     x = await text.embed_query(embedder, model, query_text)
     return await json_answer(engine, cv, params, x, True)
@@ -148,9 +138,8 @@ class ArrayHits:
 
 async def query_arrays(engine: Engine, params: QueryParams, x: np.ndarray) -> ArrayHits:
     """Top-k for the (nq, d) float32 matrix ``x`` (already finite and 2-D)."""
-    rights.require(Right.READ)
     context.note(items=len(x))
-    cv = await unlock(engine, params.index_name, params.index_key)
+    cv = await open_index(engine, params.index_name, params.index_key, Right.READ)
     hits = await query(engine, cv, params, x)
     fields = params.fields
     dist = to_api_distance(hits.distances, cv.config.metric) if fields.distance else None

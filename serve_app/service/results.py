@@ -1,6 +1,6 @@
 """The JSON body of a query answer: ``{"results": [[{"id": ..., "distance": ..., "metadata":
 ...}, ...], ...]}`` (or one flat list for a single query); an item stored without metadata has
-``"metadata": null``.
+``"metadata": {}`` (as CyborgDB answers).
 
 A 1,000-query batch at top_k 10 answers with 10,000 entries. Built as dicts and handed to orjson
 that costs a Python object per id, per distance and per entry; laid out here instead, the body
@@ -34,8 +34,9 @@ _LITERALS = [
     b',"distance":',
     b',"metadata":',
     b"}",
-    b"null",
+    b"{}",
 ]
+NO_METADATA_JSON = _LITERALS[-1]
 _LIT_BUF = b"".join(_LITERALS)
 _LIT_AT = np.cumsum([0] + [len(s) for s in _LITERALS])[:-1]
 (
@@ -76,7 +77,7 @@ def shape_results(
             row_m = meta[q]
             for j in range(n):
                 m = row_m[j]
-                entries[j]["metadata"] = None if m is None else orjson.Fragment(m)
+                entries[j]["metadata"] = orjson.Fragment(NO_METADATA_JSON if m is None else m)
         out.append(entries)
     return out
 
@@ -134,11 +135,11 @@ def _entry_columns(
         columns += [_literal(DISTANCE, n), (at + base, lens)]
         base += len(buf)
     if metadata is not None:
-        buf, lens = pack_strings(metadata)  # stored JSON; -1: none, written null
+        buf, lens = pack_strings(metadata)  # stored JSON; -1: none, written {}
         none = lens < 0
         at = np.where(none, _LIT_AT[NO_METADATA], np.cumsum(np.maximum(lens, 0)) - lens + base)
         sources.append(buf)
-        columns += [_literal(METADATA, n), (at, np.where(none, len(b"null"), lens))]
+        columns += [_literal(METADATA, n), (at, np.where(none, len(NO_METADATA_JSON), lens))]
     columns.append(_literal(ENTRY_CLOSE, n))
     return np.concatenate(sources), columns
 

@@ -11,21 +11,20 @@ import numpy as np
 
 from actors.errors import InvalidRequest
 from actors.types import UpsertBatch
-from serve_app.access import context, rights
+from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.service import text
 from serve_app.service.checks import check_dimension, check_norms, to_index_space
 from serve_app.service.params import UpsertRows, unique_ids
-from serve_app.service.queries import unlock
+from serve_app.service.unlock import open_index
 from serve_app.telemetry import lap, now
 
 
 async def upsert(engine: Engine, rows: UpsertRows, embedder: Any = None) -> int:
     """Store ``rows``; returns the number upserted. JSON items without a vector are embedded
     from their contents with the index's model (one call through ``embedder``)."""
-    rights.require(Right.WRITE)
-    cv = await unlock(engine, rows.index_name, rows.index_key)
+    cv = await open_index(engine, rows.index_name, rows.index_key, Right.WRITE)
     x = rows.vectors
     if not isinstance(x, np.ndarray):
         x = await text.item_vectors(embedder, cv.config, rows)

@@ -480,6 +480,7 @@ class Driver:
         for i, kind in enumerate(self.kinds()):
             scenarios.append((kind, lambda k=kind, full=(i == 0): self.vector_scenario(k, full)))
         scenarios.append(("cosine", self.cosine_scenario))
+        scenarios.append(("contract", self.contract_scenario))
         scenarios.append(("text", self.text_scenario))
         if self.at_least("0.17.0"):
             scenarios.append(("kms", self.kms_scenario))
@@ -811,7 +812,7 @@ class Driver:
         exact = kind in EXACT_KINDS
 
         def same_metadata(got: Any, want: dict[str, Any] | None) -> bool:
-            return got == want if want is not None else got in (None, {})
+            return got == (want if want is not None else {})  # a dict always, as CyborgDB
 
         with self.check(f"{s}/get.default_include"):
             got = {g["id"]: g for g in index.get(list(SAMPLE))}
@@ -1106,18 +1107,99 @@ class Driver:
             expect(scores == every[:6], f"scores {scores} != {every[:6]}")
 
     def rbac_checks(self, index: Any) -> None:
-        user: dict[str, str] = {}
+        """Per-index users (0.17): minted by the index key's holder, each authenticating with
+        its own key alone; read-only users cannot write; a revoked key stops at once."""
+        name = index.index_name
+        probe = [float(x) for x in make_vectors(1, 7)[0]]
+
+        def as_user(api_key: str) -> Any:
+            return self.cyborgdb.Client(self.url, api_key).load_index(name)
+
+        reader: dict[str, str] = {}
         with self.check("rbac/create_user"):
-            user = index.create_user(["read"])
-            expect(user.get("api_key", "").startswith("cdbk_"), f"user {user}")
+            reader = index.create_user(["read"])
+            expect(reader.get("api_key", "").startswith("cdbk_"), f"user {reader}")
+            expect(len(reader.get("user_id", "")) > 0, f"user {reader}")
+        with self.check("rbac/read_only_user_queries"):
+            expect(reader, "no user was created")
+            got = self.flat(self.query_single(as_user(reader["api_key"]), probe, top_k=3))
+            expect(len(got) == 3, f"read-only user's query answered {got}")
+        with self.check("rbac/read_only_user_cannot_write"):
+            expect(reader, "no user was created")
+            try:
+                as_user(reader["api_key"]).upsert([{"id": "rbac-w", "vector": probe}])
+            except Exception as exc:  # the SDK's error for the service's 403
+                expect(
+                    "403" in str(exc) or "ermission" in str(exc) or "orbidden" in str(exc),
+                    f"refused with {exc!r}",
+                )
+            else:
+                raise CheckFailed("a read-only user's upsert was accepted")
+        writer: dict[str, str] = {}
+        with self.check("rbac/read_write_user"):
+            writer = index.create_user(["read", "write"])
+            mine = as_user(writer["api_key"])
+            mine.upsert([{"id": "rbac-w", "vector": probe}])
+            got = mine.get(["rbac-w"], include=["vector"])
+            expect([g["id"] for g in got] == ["rbac-w"], f"get after a user's upsert: {got}")
+            mine.delete(["rbac-w"])
         with self.check("rbac/list_users"):
-            users = index.list_users()
-            expect(any(u["user_id"] == user.get("user_id") for u in users), f"users {users}")
+            users = {u["user_id"]: sorted(u["permissions"]) for u in index.list_users()}
+            expect(users.get(reader.get("user_id")) == ["read"], f"users {users}")
+            expect(users.get(writer.get("user_id")) == ["read", "write"], f"users {users}")
         with self.check("rbac/delete_user"):
-            expect(user, "no user was created")
-            index.delete_user(user["user_id"])
+            expect(reader, "no user was created")
+            index.delete_user(reader["user_id"])
+            left = {u["user_id"] for u in index.list_users()}
+            expect(reader["user_id"] not in left, f"deleted user still listed: {left}")
+            try:
+                self.query_single(as_user(reader["api_key"]), probe, top_k=1)
+            except Exception:
+                pass
+            else:
+                raise CheckFailed("a deleted user's key still opens the index")
+            if writer:
+                index.delete_user(writer["user_id"])
 
     # ---- other scenarios
+
+    def contract_scenario(self) -> None:
+        """What the SDK's own API contract test (tests/test_api_contract.py of cyborgdb-py)
+        checks beyond the other scenarios: an ivfpq index created without a dimension is
+        described with its pq_dim and pq_bits as created (and dimension 0), and every query
+        result carries a metadata dict, {} for an item stored without metadata."""
+        s = "contract"
+        name, key = self.name(s), self.generate_key()
+        index: Any = None
+        with self.check(f"{s}/ivfpq_without_dimension"):
+            if not hasattr(self.cyborgdb, "IndexIVFPQ"):
+                raise NotApplicable("this release creates indexes by storage_precision only")
+            try:
+                config = self.cyborgdb.IndexIVFPQ(pq_dim=PQ_DIM, pq_bits=PQ_BITS)
+            except Exception as exc:
+                raise NotApplicable(f"this release's IndexIVFPQ needs a dimension: {exc}") from None
+            index = self.client.create_index(name, key, config)
+            cfg = index.index_config
+            expect(cfg.get("pq_dim") == PQ_DIM and cfg.get("pq_bits") == PQ_BITS, f"{cfg}")
+            expect(cfg.get("dimension") in (0, None), f"dimension before any upsert: {cfg}")
+        if index is None:
+            index = self.create(name, key, "default" if self.at_least("0.17.0") else "ivfflat")
+        try:
+            with self.check(f"{s}/metadata_dict_on_every_result"):
+                vectors = make_vectors(40, seed=11)
+                items = [{"id": f"c{i}", "vector": v.tolist()} for i, v in enumerate(vectors)]
+                for item in items[::2]:
+                    item["metadata"] = {"even": True}
+                index.upsert(items)
+                res = self.flat(
+                    self.query_single(index, vectors[0].tolist(), top_k=10, include=["metadata"])
+                )
+                expect(len(res) == 10, f"{len(res)} results")
+                expect(all(isinstance(r.get("metadata"), dict) for r in res), f"{res}")
+                got = index.get([f"c{i}" for i in range(4)], include=["metadata"])
+                expect(all(isinstance(g.get("metadata"), dict) for g in got), f"{got}")
+        finally:
+            self.drop_quietly(index)
 
     def cosine_scenario(self) -> None:
         s = "cosine"

@@ -37,12 +37,6 @@ KNOWN_UNSUPPORTED: tuple[Unsupported, ...] = (
         "by the client's index_key",
     ),
     Unsupported(
-        "rbac/*",
-        "0.17.0",
-        "per-index users / RBAC (create_user, list_users, delete_user): vaultvec has "
-        "service-wide API keys only",
-    ),
-    Unsupported(
         "bm25/*",
         "0.18.0",
         "BM25 full-text search (text_fields, bm25_k1/b, query(text=...), query_metadata(text=...))",

@@ -42,8 +42,9 @@ def decode(body: dict[str, Any]) -> list[list[dict[str, Any]]]:
             entry: dict[str, Any] = {"id": body["ids"][pos + j]}
             if dist is not None:
                 entry["distance"] = float(dist[q, j])
-            if "metadata" in body:
-                entry["metadata"] = body["metadata"][pos + j]
+            if "metadata" in body:  # null for none stored, where the JSON routes answer {}
+                m = body["metadata"][pos + j]
+                entry["metadata"] = {} if m is None else m
             row.append(entry)
         out.append(row)
         pos += n

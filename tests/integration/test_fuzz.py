@@ -184,6 +184,9 @@ def aim_at_index(case: schemathesis.Case, idx: Index) -> None:
     a create that succeeds costs a second (it starts the index's shard actors). Only fields the
     generator made valid are replaced, so a body meant to be invalid (negative mode) stays
     invalid."""
+    if case.path.startswith("/v1/indexes/{index_name}/users"):
+        aim_users_route(case, idx)
+        return
     body = case.body
     if not isinstance(body, dict) or not _valid_name(body.get("index_name")):
         return
@@ -197,6 +200,34 @@ def aim_at_index(case: schemathesis.Case, idx: Index) -> None:
         if share < 4 and _valid_key(body.get("index_key")):
             body["index_key"] = idx.key
             fit_vectors(case.path, body)
+
+
+def aim_users_route(case: schemathesis.Case, idx: Index) -> None:
+    """The per-index user routes name the index in their path and carry its key in the body
+    (create) or the X-Index-Key header: aimed as the bodies above are. A user deleted from the
+    real index with its key is one minted for the request, so the delete can succeed."""
+    params = case.path_parameters or {}
+    if not _valid_name(params.get("index_name")):
+        return
+    share = _share([case.method, params, case.body, case.headers])
+    if share >= 6:
+        return
+    params["index_name"] = idx.name
+    if share >= 4:
+        return
+    if isinstance(case.body, dict) and _valid_key(case.body.get("index_key")):
+        case.body["index_key"] = idx.key
+    headers = case.headers or {}
+    if _valid_key(headers.get("X-Index-Key")):
+        headers["X-Index-Key"] = idx.key
+        if case.method == "DELETE" and isinstance(params.get("user_id"), str):
+            minted = ok(
+                idx.client.post(
+                    f"/v1/indexes/{idx.name}/users",
+                    json={"permissions": ["read"], "index_key": idx.key},
+                )
+            )
+            params["user_id"] = minted["user_id"]
 
 
 def cap_shards(case: schemathesis.Case) -> None:
@@ -229,7 +260,10 @@ def test_api_conforms_to_its_schema(
     if case.path == "/v1/indexes/create":
         cap_shards(case)
     aim_at_index(case, fuzz_index)
-    response = case.call_and_validate(base_url=service.url)
+    # An operation with header parameters gets the API key as an explicit header: otherwise
+    # the auth check takes the configured one for a generated one and expects a refusal.
+    explicit = {"X-API-Key": API_KEY} if case.path.startswith("/v1/indexes/{index_name}/") else None
+    response = case.call_and_validate(base_url=service.url, headers=explicit)
     STATUSES.setdefault(f"{case.method} {case.path}", Counter())[response.status_code] += 1
     if response.status_code != 200 or not isinstance(case.body, dict):
         return
@@ -245,7 +279,7 @@ def test_api_conforms_to_its_schema(
 
 def test_fuzzing_got_past_auth_and_lookup() -> None:
     """Every documented operation the fuzzer ran (all of them, unless deselected) was answered
-    200 at least once: the requests aimed at the real index reached the routes' work."""
+    2xx at least once: the requests aimed at the real index reached the routes' work."""
     documented = {
         f"{method.upper()} {path}"
         for path, operations in openapi_document()["paths"].items()
@@ -256,4 +290,5 @@ def test_fuzzing_got_past_auth_and_lookup() -> None:
         print(op, dict(sorted(STATUSES[op].items())))  # with -s: what each operation got
     assert ran, "runs after test_api_conforms_to_its_schema, on what it recorded"
     for op in ran:
-        assert STATUSES[op][200], f"{op} was never answered 200: {dict(STATUSES[op])}"
+        done = STATUSES[op][200] + STATUSES[op][204]
+        assert done, f"{op} was never answered 2xx: {dict(STATUSES[op])}"

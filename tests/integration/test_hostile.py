@@ -152,7 +152,10 @@ def test_no_coercion_from_strings_or_booleans(make_index: Any, fields: dict[str,
 def test_schema_documents_the_key_pattern_and_405_carries_allow(http: httpx.Client) -> None:
     spec = ok(http.get("/openapi.json"))
     key = spec["components"]["schemas"]["IndexRequest"]["properties"]["index_key"]
-    assert key["pattern"] == "^[0-9a-fA-F]{64}$"
+    # a string of that pattern, or null (a per-index user key's requests carry none)
+    forms = key.get("anyOf", [key])
+    assert {f.get("pattern") for f in forms if f.get("type") == "string"} == {"^[0-9a-fA-F]{64}$"}
+    assert {"type": "null"} in forms
     r = http.get("/v1/vectors/query")
     error(r, 405)
     assert r.headers["allow"] == "POST"

@@ -47,7 +47,7 @@ def engine_options(tmp_path, **kw):
 
 
 def new_index(control, name: str) -> None:
-    from actors.control.plane import new_index_id
+    from actors.control.options import new_index_id
     from actors.storage.crypto import derive_keys, new_salt
     from actors.types import IndexConfig, IndexMeta
 

@@ -125,8 +125,16 @@ def test_the_gate_checks_the_content_type_of_exactly_the_documented_bodies(app):
         for method, op in operations.items()
         if "application/json" in op.get("requestBody", {}).get("content", {})
     }
-    assert len(documented) == 16  # with rotate_key
+    assert len(documented) == 17  # with rotate_key and a user's creation
     assert gate.kwargs["json_routes"] == documented
+
+
+def test_a_route_with_a_path_parameter_checks_its_content_type_too(app):
+    headers = {"x-api-key": KEYS[1], "content-type": "text/plain"}
+    status, _, _, received = call(app, "POST", "/v1/indexes/docs/users", headers)
+    assert (status, received) == (415, 0)
+    status, _, _, received = call(app, "POST", "/v1/indexes/docs/users/x", headers)
+    assert (status, received) == (405, 0)  # a DELETE route: no body checked, no 415
 
 
 @pytest.mark.parametrize(

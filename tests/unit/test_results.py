@@ -98,7 +98,7 @@ def test_entries_carry_the_metric_distance_and_stored_metadata() -> None:
     assert body == {
         "results": [
             {"id": "p", "distance": 2.0, "metadata": {"a": [1, "x"]}},
-            {"id": "q", "distance": 3.0, "metadata": None},
+            {"id": "q", "distance": 3.0, "metadata": {}},  # none stored: {} as CyborgDB
         ]
     }
     assert orjson.loads(results_json(h, "squared_euclidean", True, False, single=False)) == {
