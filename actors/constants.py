@@ -122,3 +122,5 @@ BATCH_THREADS_MIN = 32
 #: Memory per item beside its lists, metadata and contents (ids, id map, norms, liveness, list
 #: map, filter columns): the fixed columns of actors.engine.items.ItemTable, for the estimate.
 ROW_BYTES = 96
+#: Users one index may have: every user request looks its grant up among them.
+MAX_USERS_PER_INDEX = 1000

@@ -48,6 +48,9 @@ class IndexConfig:
     # The key epoch (IndexMeta.epoch) whose data key seals this config and the templates: it
     # says where they are stored (actors.storage.persistence.epoch_prefix).
     key_epoch: int = 0
+    # CyborgDB's metadata_schema: (field, filterable, pattern, full_text) per field named at
+    # create time; the others are filterable without pattern (serve_app.service.schema).
+    metadata_schema: tuple[tuple[str, bool, bool, bool], ...] = ()
 
     @property
     def is_trained(self) -> bool:
@@ -57,6 +60,7 @@ class IndexConfig:
         d = self.__dict__.copy()
         d["nprobe_table"] = [list(p) for p in self.nprobe_table]
         d["probe_table"] = [list(p) for p in self.probe_table]
+        d["metadata_schema"] = [list(p) for p in self.metadata_schema]
         return d
 
     @classmethod
@@ -65,6 +69,9 @@ class IndexConfig:
         d["nprobe_table"] = tuple(tuple(p) for p in d.get("nprobe_table", ()))
         d["probe_table"] = tuple(
             (int(k), int(f), float(a), float(b)) for k, f, a, b in d.get("probe_table", ())
+        )
+        d["metadata_schema"] = tuple(
+            (str(n), bool(f), bool(p), bool(t)) for n, f, p, t in d.get("metadata_schema", ())
         )
         return cls(**d)
 

@@ -129,7 +129,10 @@ class CreateIndexRequest(IndexRequest):
     kms_name: str | None = Field(None, description="not supported: send index_key")
     text_fields: list[str] | None = Field(None, description="not supported (BM25 full text)")
     metadata_schema: dict[str, Any] | None = Field(
-        None, description="accepted: every metadata field is filterable; full_text is refused"
+        None,
+        description="per field: filterable (default true), pattern ($regex/$contains in "
+        "query_metadata; needs filterable), full_text (not supported); fields left out are "
+        "filterable",
     )
 
 
@@ -274,6 +277,10 @@ class DescribeResponse(Model):
     n_lists: int
     index_config: IndexConfigOut
     embedding_model: str | None
+    metadata_schema: dict[str, dict[str, bool]] = Field(
+        default_factory=dict,
+        description="per field named at create time: filterable, pattern, full_text",
+    )
     num_vectors: int
     recall: RecallReport | None = Field(
         None, description="vaultvec: automatic probing's live recall estimate (null untrained)"

@@ -77,6 +77,9 @@ class ControlClient:
     async def create_user(self, name: str, data_key: bytes, rights: list[str]) -> tuple[str, str]:
         return await answer(self.handle.create_user.remote(name, data_key, rights))
 
+    async def user_index(self, user_id: str) -> IndexMeta | None:
+        return await answer(self.handle.user_index.remote(user_id))
+
     async def list_users(self, name: str, data_key: bytes) -> list[tuple[str, tuple[str, ...]]]:
         return await answer(self.handle.list_users.remote(name, data_key))
 

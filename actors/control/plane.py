@@ -21,7 +21,9 @@ import faiss
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from actors import constants
 from actors.control import rotation, trainer
+from actors.control.catalog import Catalog
 from actors.control.options import EngineOptions, IndexView, default_shards
 from actors.control.training import (
     TrainParams,
@@ -66,7 +68,7 @@ class ControlPlane:
         self._lock = threading.RLock()
         self._configs: dict[str, IndexConfig] = {}
         self._training: dict[str, Future[IndexConfig]] = {}
-        self._catalog: dict[str, IndexMeta] = {}
+        self._catalog = Catalog()
         self._load: Counter[str] = Counter()  # partitions per pool actor
         for key in self.store.list("indexes/"):
             if key.endswith("/meta"):
@@ -75,9 +77,12 @@ class ControlPlane:
                     meta = persistence.read_meta(raw)
                     self._catalog[meta.name] = meta
                     self._load.update(meta.placement)
-        self._rotating: set[str] = set()  # names whose key rotation is under way
+        stale = [m for m in self._catalog.values() if m.rotation or m.retired_epoch >= 0]
+        self._rotating: set[str] = {m.name for m in stale}  # names whose key rotation runs
         self._keys: dict[str, tuple[str, int, bytes]] = {}  # name -> (id, epoch, key digest)
-        self._recovery = self._recover_rotations()
+        self._recovery = rotation.recover_in_background(
+            self, stale, self._partition_set, self._rotation_settled
+        )
 
     # -- catalog ----------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
@@ -410,10 +415,7 @@ class ControlPlane:
                 epoch=epoch,
                 rotation=None,
                 retired_epoch=current.epoch,
-                users=tuple(  # each user's grant wraps the new data key
-                    users.rewrap(u, current.index_id, current.epoch, key, epoch, new_key)
-                    for u in current.users
-                ),
+                users=users.rewrap_all(current, key, epoch, new_key),
             )
             try:
                 persistence.write_meta(self.store, new)  # the switch
@@ -434,11 +436,18 @@ class ControlPlane:
         def add(current: IndexMeta) -> IndexMeta:
             if current.epoch != meta.epoch:  # rotated since the key was checked
                 raise Unauthorized("invalid index_key for this index: the key was rotated")
+            if len(current.users) >= constants.MAX_USERS_PER_INDEX:
+                raise InvalidRequest(f"index {name!r} has {len(current.users)} users, the most")
             api_key, grant = users.mint(current.index_id, current.epoch, key, rights)
             minted.append(api_key)
             return replace(current, users=(*current.users, grant))
 
         return self.update_meta(meta, add).users[-1].user_id, minted[0]
+
+    def user_index(self, user_id: str) -> IndexMeta | None:
+        """The entry of the index ``user_id`` belongs to (its grant is checked by the caller)."""
+        with self._lock:
+            return self._catalog.of_user(user_id)
 
     def list_users(self, name: str, key: bytes) -> list[tuple[str, tuple[str, ...]]]:
         return [(u.user_id, u.rights) for u in self._check_key(name, key).users]
@@ -468,29 +477,9 @@ class ControlPlane:
         ]
         return rotation.RayPartitions(clients)
 
-    def _recover_rotations(self) -> threading.Thread | None:
-        """Settle, in the background, the rotations a stopped control plane left behind
-        (rotation.recover); those indexes refuse rotation and training until then."""
-        metas = [m for m in self._catalog.values() if m.rotation or m.retired_epoch >= 0]
-        if not metas:
-            return None
-        self._rotating.update(m.name for m in metas)
-
-        def run() -> None:
-            for meta in metas:
-                try:
-                    rotation.recover(self, self._partition_set(meta), meta)
-                except Exception:  # stays marked in the store: the next start tries again
-                    rotation.log.exception(
-                        "could not settle the key rotation of index id %s", meta.index_id
-                    )
-                finally:
-                    with self._lock:
-                        self._rotating.discard(meta.name)
-
-        thread = threading.Thread(target=run, name="vaultvec-rotation-recovery", daemon=True)
-        thread.start()
-        return thread
+    def _rotation_settled(self, name: str) -> None:
+        with self._lock:
+            self._rotating.discard(name)
 
     def ping(self) -> bool:
         return True

@@ -42,6 +42,7 @@ answers. Training and rotation of one index exclude each other (:class:`Busy`, 4
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -206,3 +207,29 @@ class RayPartitions:
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+def recover_in_background(
+    catalog: Catalog,
+    metas: Sequence[IndexMeta],
+    partitions: Callable[[IndexMeta], Partitions],
+    settled: Callable[[str], None],
+) -> threading.Thread | None:
+    """Settle, in a thread, the rotations of ``metas`` a stopped control plane left behind
+    (:func:`recover`), calling ``settled(name)`` after each; those indexes refuse rotation and
+    training until then."""
+    if not metas:
+        return None
+
+    def run() -> None:
+        for meta in metas:
+            try:
+                recover(catalog, partitions(meta), meta)
+            except Exception:  # stays marked in the store: the next start tries again
+                log.exception("could not settle the key rotation of index id %s", meta.index_id)
+            finally:
+                settled(meta.name)
+
+    thread = threading.Thread(target=run, name="vaultvec-rotation-recovery", daemon=True)
+    thread.start()
+    return thread

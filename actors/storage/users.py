@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import logging
 import re
 import secrets
 from collections.abc import Iterable
@@ -30,7 +31,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from actors.errors import Unauthorized
 from actors.storage.crypto import KEY_BYTES, aad, new_salt, open_sealed, seal
-from actors.types import UserGrant
+from actors.types import IndexMeta, UserGrant
+
+log = logging.getLogger("vaultvec.users")
 
 PREFIX = "cdbk_"
 RIGHTS = ("read", "write")
@@ -100,6 +103,13 @@ def mint(
     return f"{PREFIX}{user_id}_{text}", grant
 
 
+def verify(grant: UserGrant, secret: bytes, index_id: str) -> bool:
+    """Whether ``secret`` is this grant's (constant-time): the check a gateway makes before it
+    reads a user's request."""
+    _, verifier = _kek(secret, grant.salt, index_id, grant.user_id)
+    return hmac.compare_digest(verifier, grant.verifier)
+
+
 def unwrap(grant: UserGrant, secret: bytes, index_id: str, epoch: int) -> bytes:
     """The index's data key, if ``secret`` is this grant's; Unauthorized otherwise."""
     kek, verifier = _kek(secret, grant.salt, index_id, grant.user_id)
@@ -111,6 +121,24 @@ def unwrap(grant: UserGrant, secret: bytes, index_id: str, epoch: int) -> bytes:
         )
     except Exception:
         raise Unauthorized("invalid API key") from None
+
+
+def rewrap_all(
+    meta: IndexMeta, data_key: bytes, new_epoch: int, new_key: bytes
+) -> tuple[UserGrant, ...]:
+    """Every user's grant for the index's next data key. A grant whose escrow does not open
+    (altered in the store) is dropped and logged, not allowed to stop the rotation."""
+    out = []
+    for grant in meta.users:
+        try:
+            out.append(rewrap(grant, meta.index_id, meta.epoch, data_key, new_epoch, new_key))
+        except Exception:
+            log.warning(
+                "dropped user %s of index id %s: its grant does not open",
+                grant.user_id,
+                meta.index_id,
+            )
+    return tuple(out)
 
 
 def rewrap(

@@ -9,8 +9,18 @@ log and the per-key metrics read it when the request ends.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class User:
+    """A per-index user key the gate verified (actors.storage.users): its id and secret, and
+    the catalog entry of its index as looked up for this request."""
+
+    user_id: str
+    secret: bytes = field(repr=False)
+    meta: Any = field(repr=False)  # actors.types.IndexMeta
 
 
 @dataclass
@@ -19,9 +29,7 @@ class RequestContext:
     key: str | None = None  # the API key's name (serve_app.access.keys), once the gate matched one
     limits: Any = None  # that key's serve_app.settings.Limits
     rights: Any = None  # what it may do (serve_app.access.rights.Right); None: everything
-    # A per-index user key's (user id, secret) (actors.storage.users): the index it opens and
-    # the rights it holds there are known once its grant is found (serve_app.service.unlock).
-    user: tuple[str, bytes] | None = None
+    user: User | None = None  # a per-index user key's, once the gate verified it
     index: str | None = None  # the index the request unlocked
     items: int | None = None  # items, queries or ids it carried or answered
 
@@ -49,7 +57,7 @@ def note(
     index: str | None = None,
     items: int | None = None,
     rights: Any = None,
-    user: tuple[str, bytes] | None = None,
+    user: User | None = None,
 ) -> None:
     """Record what is known now about the request this task serves (no-op outside one)."""
     context = _CONTEXT.get()

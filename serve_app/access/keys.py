@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from actors.storage.users import PREFIX as USER_KEY_PREFIX
+
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -34,6 +36,11 @@ def fingerprint(secret: str) -> str:
 def parse(entry: str) -> ApiKey:
     """One configured entry: ``name:key`` or a bare key."""
     name, sep, secret = entry.partition(":")
+    if (secret if sep else entry).startswith(USER_KEY_PREFIX):
+        raise ValueError(
+            f"an API key may not start with {USER_KEY_PREFIX!r}: that prefix names per-index "
+            "user keys"
+        )
     if not sep:
         return ApiKey(fingerprint(entry), entry.encode())
     if not NAME.fullmatch(name):

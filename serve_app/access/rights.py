@@ -8,6 +8,7 @@ one index. A request without the right is a 403.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Flag, auto
 
 from actors.errors import Forbidden
@@ -22,6 +23,15 @@ class Right(Flag):
 
 ALL = Right.READ | Right.WRITE | Right.MANAGE
 OPEN = Right(0)  # no right beyond opening the index: any of its users may (describe)
+_NAMED = {"read": Right.READ, "write": Right.WRITE}
+
+
+def of(names: Iterable[str]) -> Right:
+    """The rights a per-index user's grant names (``read``, ``write``)."""
+    held = Right(0)
+    for name in names:
+        held |= _NAMED[name]
+    return held
 
 
 def require(right: Right) -> None:

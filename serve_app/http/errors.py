@@ -92,9 +92,9 @@ def install(app: FastAPI) -> None:
 def allowed_methods(app: FastAPI, path: str) -> set[str]:
     """The methods the OpenAPI document lists for ``path`` (its templates matched one segment
     per parameter): Starlette's own 405 names those of the first route of the path only."""
-    table = app.state.__dict__.get("_allowed")
+    table = getattr(app.state, "allowed_methods", None)
     if table is None:
-        table = app.state._allowed = [
+        table = app.state.allowed_methods = [
             (re.compile(re.sub(r"\\\{[^/]*?\\\}", "[^/]+", re.escape(template))), set(ops))
             for template, ops in app.openapi()["paths"].items()
         ]

@@ -1,5 +1,6 @@
-"""The request gate: the API key (its name noted, its rate enforced), then the JSON content
-type, checked from the headers before anything reads the body."""
+"""The request gate: the API key (its name noted, its rate enforced) or a per-index user key
+(verified against its grant, its rights noted), then the JSON content type, checked from the
+headers before anything reads the body."""
 
 from __future__ import annotations
 
@@ -14,14 +15,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from actors.errors import Unauthorized
 from actors.storage import users
 from serve_app import replica
-from serve_app.access import context, keys
+from serve_app.access import context, keys, rights
 from serve_app.access.rights import Right
-from serve_app.http.errors import error_response
+from serve_app.http.errors import error_response, response_for
 from serve_app.http.trim import tidied
 from serve_app.settings import Limits
-
-USERS = "users"  # the key name per-index users' requests are limited and counted under
-USER_RIGHTS = Right.READ | Right.WRITE  # the most a user may hold; its grant may hold less
 
 API_KEY_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="the service API key")
 
@@ -31,6 +29,25 @@ async def require_api_key(given: str | None = Security(API_KEY_HEADER)) -> None:
 
     The key is checked by ``ApiKeyGate`` from the headers, before the body is read; a route
     dependency runs only after FastAPI has read and parsed the whole body."""
+
+
+async def verified_user(given: bytes) -> tuple[context.User, Right] | None:
+    """The user a per-index user key names and the rights its grant holds, if the key's
+    secret is that grant's; None for any other key (malformed, unknown, revoked, wrong)."""
+    try:
+        user_id, secret = users.parse(given.decode("latin-1"))
+    except Unauthorized:
+        return None
+    services = replica.REPLICA.services
+    if services is None:
+        return None
+    meta = await services.engine.control.user_index(user_id)
+    if meta is None:
+        return None
+    grant = next((u for u in meta.users if u.user_id == user_id), None)
+    if grant is None or not users.verify(grant, secret, meta.index_id):
+        return None
+    return context.User(user_id, secret, meta), rights.of(grant.rights)
 
 
 def over_rate(name: str, limits: Limits, wait: int) -> Response:
@@ -129,22 +146,27 @@ class ApiKeyGate:
     async def user_request(
         self, given: bytes, content_type: bytes | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """A per-index user key: well formed, or 401; its grant is checked once the request
-        names its index (serve_app.service.unlock). Users share one rate bucket (the
-        ``users`` key name), so made-up user ids cannot grow the limiter."""
+        """A per-index user key, verified before anything reads the body: the catalog entry of
+        its index looked up afresh (so a revoked key is a 401 from the next request on) and
+        its secret checked against the grant in constant time. A verified user has a rate
+        bucket of its own and the quotas of the API key that created its index."""
         try:
-            user_id, secret = users.parse(given.decode("latin-1"))
-        except Unauthorized:
+            found = await verified_user(given)
+        except Exception as exc:  # the control plane is out of reach: 503, never a pass
+            await response_for(exc)(scope, receive, send)
+            return
+        if found is None:
             await error_response(401, "invalid API key")(scope, receive, send)
             return
-        limiter = replica.REPLICA.limiter
-        context.note(key=f"user-{user_id}", user=(user_id, secret), rights=USER_RIGHTS)
-        if wait := limiter.wait(USERS):
-            refusal = over_rate(USERS, limiter.limits(USERS), wait)
+        user, held = found
+        name, limiter = f"user-{user.user_id}", replica.REPLICA.limiter
+        context.note(key=name, user=user, rights=held)
+        if wait := limiter.wait(name):
+            refusal = over_rate(name, limiter.limits(name), wait)
         elif self.reads_json(scope) and not is_json(content_type):
             refusal = error_response(415, not_json_detail(content_type))
         else:
-            context.note(limits=limiter.limits(USERS))
+            context.note(limits=limiter.limits(user.meta.owner))
             await tidied(self.app, scope, receive, send)
             return
         await refusal(scope, receive, send)

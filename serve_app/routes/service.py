@@ -16,6 +16,8 @@ from starlette.responses import Response
 
 from serve_app import __version__
 from serve_app import telemetry as metrics
+from serve_app.access import rights
+from serve_app.access.rights import Right
 from serve_app.http.bodies import JSON, Route
 from serve_app.models import HealthResponse
 from serve_app.replica import services
@@ -40,6 +42,7 @@ async def health() -> JSON:
 
 @router.get("/metrics", include_in_schema=False)
 async def service_metrics() -> Response:
+    rights.require(Right.MANAGE)  # the operator's: every key's and index's activity
     svc = services()
     engine, settings = svc.engine, svc.settings
     own = metrics.REGISTRY.snapshot()

@@ -22,7 +22,7 @@ from serve_app.models import (
     RotateKeyRequest,
     TrainRequest,
 )
-from serve_app.service import text
+from serve_app.service import schema, text
 from serve_app.service.deps import Services
 from serve_app.service.unlock import open_index
 
@@ -126,6 +126,7 @@ async def create(svc: Services, body: CreateIndexRequest) -> dict[str, Any]:
         embedding_model=model,
         recall_target=settings.recall_target,
         n_lists_requested=body.n_lists or cfg_in.n_lists or None,
+        metadata_schema=schema.parse(body.metadata_schema),
     )
     max_per_owner = ctx.limits.max_indexes_per_key if ctx is not None and ctx.limits else 0
     await engine.control.create_index(meta, keys.data_key, cfg, max_per_owner)
@@ -165,6 +166,7 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
             "pq_bits": (cfg.pq_bits or 8) if ivfpq else 0,
         },
         "embedding_model": cfg.embedding_model,
+        "metadata_schema": schema.describe(cfg),
         "num_vectors": num,
         "recall": recall_report(engine, cfg),
         # The index's own bytes only: the pool actors' memory moves with every index they

@@ -12,6 +12,7 @@ from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.models import DeleteRequest, GetRequest, IndexRequest, QueryMetadataRequest
+from serve_app.service import schema
 from serve_app.service.deps import Services
 from serve_app.service.params import Limits, distinct, get_fields
 from serve_app.service.unlock import open_index
@@ -76,6 +77,7 @@ async def query_metadata(
     engine = svc.engine
     cv = await open_index(engine, body.index_name, body.index_key, Right.READ)
     node = parse_filter(body.filters or None)
+    schema.enforce(cv.config, node)
     ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
     context.note(items=len(ids))
     if body.include:

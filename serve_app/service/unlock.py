@@ -12,19 +12,16 @@ from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.telemetry import lap, started
 
-_RIGHTS = {"read": Right.READ, "write": Right.WRITE}
-
 
 async def open_index(engine: Engine, name: str, key: str | None, right: Right) -> CachedView:
     """The index's view, once the request's credentials may do ``right`` there (403 if not,
     401 for a wrong key); the time until now counts as the request's parse stage, the
     unlock as its own."""
-    rights.require(right)  # an API key holds every right; a user key at most read and write
+    rights.require(right)  # as the gate noted: an API key all rights, a user key its grant's
     t = lap("parse", started())
     ctx = context.current()
     if ctx is not None and ctx.user is not None:
-        cv = await _as_user(engine, name, *ctx.user)
-        rights.require(right)
+        cv = await _as_user(engine, name, ctx.user)
     elif key is None:
         raise InvalidRequest("index_key is required: 64 hex characters (32 bytes)")
     else:
@@ -33,17 +30,16 @@ async def open_index(engine: Engine, name: str, key: str | None, right: Right) -
     return cv
 
 
-async def _as_user(engine: Engine, name: str, user_id: str, secret: bytes) -> CachedView:
-    """Looked up afresh on every request, so a revoked user is refused by every gateway at
-    once; a user key names no other index than the one it was made for (401 there)."""
+async def _as_user(engine: Engine, name: str, user: context.User) -> CachedView:
+    """The index of a user the gate verified, with the catalog entry it looked up for this
+    request; a user key names no other index than the one it was made for (401 there, whether
+    or not that index exists)."""
+    meta = user.meta
+    if name != meta.name:
+        raise Unauthorized("invalid API key for this index")
     context.note(index=name)
-    meta = await engine.control.lookup(name)
-    grant = next((u for u in meta.users if u.user_id == user_id), None)
+    grant = next((u for u in meta.users if u.user_id == user.user_id), None)
     if grant is None:
         raise Unauthorized("invalid API key for this index")
-    data_key = users.unwrap(grant, secret, meta.index_id, meta.epoch)
-    held = Right(0)
-    for r in grant.rights:
-        held |= _RIGHTS[r]
-    context.note(rights=held)
+    data_key = users.unwrap(grant, user.secret, meta.index_id, meta.epoch)
     return await engine.view_unlocked(meta, data_key)

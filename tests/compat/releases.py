@@ -42,11 +42,6 @@ KNOWN_UNSUPPORTED: tuple[Unsupported, ...] = (
         "BM25 full-text search (text_fields, bm25_k1/b, query(text=...), query_metadata(text=...))",
     ),
     Unsupported(
-        "schema/*",
-        "0.18.0",
-        "per-field metadata_schema policies and the $regex/$contains operators they enable",
-    ),
-    Unsupported(
         "tq*/*",
         "0.18.0",
         "storage_precision tq12/tq8/tq6/tq4 (TurboQuant): vaultvec offers float32 and float16",

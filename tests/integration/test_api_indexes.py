@@ -105,6 +105,7 @@ def test_create_list_describe_delete_lifecycle(http):
                 "pq_bits": 0,
             },
             "embedding_model": None,
+            "metadata_schema": {},  # CyborgDB 0.18's: the policies given at create (none here)
             "num_vectors": 0,
             "recall": None,  # vaultvec's live recall estimate: none until trained
         }

@@ -102,8 +102,9 @@ def test_a_user_key_opens_no_other_index_and_manages_nothing(
     error(user.get("/v1/indexes/list"), 403)
     error(user.post("/v1/indexes/create", json={"index_name": "x", "index_key": "ab" * 32}), 403)
     error(user.post(f"/v1/indexes/{index.name}/users", json={"permissions": ["read"]}), 403)
-    # and the index key never opens anything with a user key's account of it
-    error(query(user, index.name + "-missing", [1.0, 2.0, 3.0]), 404)
+    error(user.get("/v1/metrics"), 403)  # the operator's
+    # another name is a 401 whether or not such an index exists: names are not probed
+    error(query(user, index.name + "-missing", [1.0, 2.0, 3.0]), 401)
 
 
 def test_revoked_at_once_and_malformed_keys_are_401(
@@ -125,6 +126,24 @@ def test_revoked_at_once_and_malformed_keys_are_401(
     forged = user["api_key"][:-4] + ("AAAA" if not user["api_key"].endswith("AAAA") else "BBBB")
     error(query(as_user(forged), index.name, VECTORS["u1"]), 401)
     error(query(as_user("cdbk_nonsense"), index.name, VECTORS["u1"]), 401)
+
+
+def test_a_made_up_user_key_is_refused_before_the_body_is_read(
+    index: Index, as_user: Callable[[str], httpx.Client]
+) -> None:
+    """Well formed but no one's: a 401 at the gate, on every route, whatever follows."""
+    made_up = "cdbk_" + "0" * 16 + "_" + "A" * 43
+    c = as_user(made_up)
+    for r in (
+        c.get("/v1/metrics"),
+        c.get("/v1/embedding-models"),
+        c.get("/v1/indexes/list"),
+        c.post("/v1/vectors/upsert", content=b"x" * (8 << 20)),  # refused, not read
+        query(c, index.name, VECTORS["u1"]),
+    ):
+        error(r, 401)
+    stolen_id = mint(index, "read")["user_id"]  # a real user id with a guessed secret
+    error(query(as_user(f"cdbk_{stolen_id}_" + "B" * 43), index.name, VECTORS["u1"]), 401)
 
 
 def test_managing_users_needs_the_index_key(index: Index) -> None:

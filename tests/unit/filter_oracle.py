@@ -11,6 +11,7 @@ branch. Only valid filters are expected here (the parser's error handling is tes
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,7 +83,15 @@ def _eq_matches(doc: dict[str, Any], path: str, operand: Any) -> bool:
     return any(_equal(v, operand) for v in leaves)
 
 
-def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any) -> bool:
+def _regex_flags(options: str) -> int:
+    table = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL}
+    flags = 0
+    for c in options:
+        flags |= table[c]
+    return flags
+
+
+def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any, options: str = "") -> bool:
     if op == "$not":
         return not _cond_matches(doc, path, operand)
     if op == "$eq":
@@ -96,6 +105,13 @@ def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any) -> bool:
     present, _, leaves = _lookup(doc, path)
     if op == "$exists":
         return present == operand
+    if op == "$options":  # read with its $regex
+        return True
+    if op == "$regex":  # Python's re: the same on the patterns the tests use
+        flags = _regex_flags(options)
+        return any(isinstance(v, str) and re.search(operand, v, flags) for v in leaves)
+    if op == "$contains":
+        return any(isinstance(v, str) and operand in v for v in leaves)
     for v in leaves:
         lt = _less(v, operand)
         gt = _less(operand, v)
@@ -114,7 +130,8 @@ def _op_matches(doc: dict[str, Any], path: str, op: str, operand: Any) -> bool:
 
 def _cond_matches(doc: dict[str, Any], path: str, cond: dict[str, Any]) -> bool:
     """An operator object (``{"$gt": 1, "$lt": 5}``) on one path: all operators hold."""
-    return all(_op_matches(doc, path, op, operand) for op, operand in cond.items())
+    options = cond.get("$options", "")
+    return all(_op_matches(doc, path, op, operand, options) for op, operand in cond.items())
 
 
 def matches(doc: dict[str, Any] | None, flt: dict[str, Any] | None) -> bool:

@@ -31,6 +31,55 @@ def rows(cols: MetadataColumns, flt: Any, n: int | None = None) -> list[int]:
 
 # ------------------------------------------------------------------ operators
 
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        ({"name": {"$regex": "^a"}}, [0, 3]),  # a list holding a match matches
+        ({"name": {"$regex": "^b"}}, []),
+        ({"name": {"$regex": "^b", "$options": "i"}}, [1]),
+        ({"name": {"$regex": "e$"}}, [0, 3]),
+        ({"name": {"$not": {"$regex": "^a"}}}, [1, 2, 4, 5, 6]),
+        ({"tags": {"$contains": "ell"}}, [1]),
+        ({"name": {"$contains": ""}}, [0, 1, 2, 3]),  # every string, never a missing path
+        ({"price": {"$regex": "1"}}, [2]),  # strings only: the number 10 is not matched
+        ({"nested.y.z": {"$regex": "^de+p$"}}, [3]),
+        ({"name": {"$regex": "(a+)+$"}}, [1]),  # catastrophic for backtracking engines
+    ],
+)
+def test_regex_and_contains(
+    cols: MetadataColumns, flt: dict[str, Any], expected: list[int]
+) -> None:
+    assert rows(cols, flt) == expected
+    assert rows(cols, flt) == [i for i, d in enumerate(DOCS) if matches(d, flt)]
+
+
+def test_a_hostile_regex_runs_in_linear_time() -> None:
+    """Patterns that take a backtracking engine time exponential in the value's length: with a
+    50,000-character value this test would not end (the suite's timeout fails it)."""
+    cols = store({"s": "a" * 50_000 + "!"})
+    assert rows(cols, {"s": {"$regex": "^(a+)+$"}}) == []
+    assert rows(cols, {"s": {"$regex": "(a|aa)*b"}}) == []
+
+
+@pytest.mark.parametrize(
+    ("flt", "message"),
+    [
+        ({"s": {"$regex": "(a"}}, "not a valid regular expression"),
+        ({"s": {"$regex": r"(\w)\1"}}, "not a valid regular expression"),  # backreference
+        ({"s": {"$regex": "(?=a)"}}, "not a valid regular expression"),  # lookahead
+        ({"s": {"$regex": "a" * 1025}}, "longer than 1024"),
+        ({"s": {"$regex": 5}}, "needs a string"),
+        ({"s": {"$regex": "a", "$options": "x"}}, "flags i, m and s"),
+        ({"s": {"$options": "i"}}, r"goes with \$regex"),
+        ({"s": {"$contains": ["a"]}}, "needs a string"),
+    ],
+)
+def test_bad_patterns_are_422(flt: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        parse_filter(flt)
+
+
 DOCS: list[dict[str, Any] | None] = [
     {"price": 10, "name": "apple", "tags": ["red", "fruit"], "ok": True},  # 0
     {"price": 2.5, "name": "Banana", "tags": ["yellow"], "ok": False},  # 1
@@ -436,7 +485,11 @@ ORDERABLE = st.one_of(
     st.sampled_from([0.5, 1.0, -1.5, 2.5]),
     st.sampled_from(STRINGS),
 )
+# Patterns read alike by Python's re (the oracle) and RE2 (the service)
+PATTERNS = ["^a", "b$", "ab", "^$", "a|B", "[ab]", "(?i)^b", "é", ".", "^a.*b$"]
 BASIC_OP = _pick(
+    (1, st.tuples(st.just("$regex"), st.sampled_from(PATTERNS))),
+    (1, st.tuples(st.just("$contains"), st.sampled_from(STRINGS))),
     (2, st.tuples(st.sampled_from(["$eq", "$ne"]), SCALARS)),
     (4, st.tuples(st.sampled_from(["$gt", "$gte", "$lt", "$lte"]), ORDERABLE)),
     (2, st.tuples(st.sampled_from(["$in", "$nin"]), st.lists(SCALARS, max_size=3))),

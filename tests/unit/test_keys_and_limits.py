@@ -22,7 +22,16 @@ def test_entries_are_name_colon_key_or_a_bare_key_named_by_its_fingerprint() -> 
 
 @pytest.mark.parametrize(
     "entries",
-    [["a:x", "a:y"], ["a:x", "b:x"], ["bad name:x"], ["a:"], [":x"], ["n" * 65 + ":x"]],
+    [
+        ["a:x", "a:y"],
+        ["a:x", "b:x"],
+        ["bad name:x"],
+        ["a:"],
+        [":x"],
+        ["n" * 65 + ":x"],
+        ["cdbk_0000"],  # the prefix of per-index user keys
+        ["ops:cdbk_0000"],
+    ],
 )
 def test_bad_key_entries_are_refused(entries: list[str]) -> None:
     with pytest.raises(ValueError):

@@ -49,6 +49,23 @@ def test_a_grant_opens_only_as_minted(tamper: object) -> None:
         users.unwrap(*args)
 
 
+def test_verify_checks_the_secret_alone() -> None:
+    api_key, grant = users.mint("ix1", 0, DATA_KEY, ["read"])
+    _, secret = users.parse(api_key)
+    assert users.verify(grant, secret, "ix1")
+    assert not users.verify(grant, secrets.token_bytes(32), "ix1")
+    assert not users.verify(grant, secret, "ix2")
+
+
+def test_a_grant_altered_in_the_store_is_dropped_by_a_rotation_not_fatal() -> None:
+    _, good = users.mint("ix1", 0, DATA_KEY, ["read"])
+    _, bad = users.mint("ix1", 0, DATA_KEY, ["write"])
+    bad = dataclasses.replace(bad, escrow=bad.escrow[:-1] + bytes([bad.escrow[-1] ^ 1]))
+    meta = IndexMeta("docs", "ix1", b"s" * 16, b"v" * 32, users=(good, bad))
+    moved = users.rewrap_all(meta, DATA_KEY, 1, secrets.token_bytes(32))
+    assert [g.user_id for g in moved] == [good.user_id]
+
+
 def test_key_rotation_rewraps_without_the_users_secret() -> None:
     api_key, grant = users.mint("ix1", 3, DATA_KEY, ["read"])
     new_key = secrets.token_bytes(32)

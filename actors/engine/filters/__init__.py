@@ -6,6 +6,27 @@ the columnar metadata store, and its vectorised evaluator of a tree to a numpy b
 """
 
 from actors.engine.filters.columns import MetadataColumns
-from actors.engine.filters.tree import And, Cmp, Exists, FilterNode, Not, Or, parse_filter
+from actors.engine.filters.tree import (
+    And,
+    Cmp,
+    Exists,
+    FilterNode,
+    Not,
+    Or,
+    Pattern,
+    parse_filter,
+    pattern_paths,
+)
 
-__all__ = ["And", "Cmp", "Exists", "FilterNode", "MetadataColumns", "Not", "Or", "parse_filter"]
+__all__ = [
+    "And",
+    "Cmp",
+    "Exists",
+    "FilterNode",
+    "MetadataColumns",
+    "Not",
+    "Or",
+    "Pattern",
+    "parse_filter",
+    "pattern_paths",
+]

@@ -27,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from actors.engine.filters.tree import And, Cmp, Exists, FilterNode, Not, Or, _is_num, _tname
+from actors.engine.filters.tree import (
+    And,
+    Cmp,
+    Exists,
+    FilterNode,
+    Not,
+    Or,
+    Pattern,
+    _is_num,
+    _tname,
+    compiled,
+)
 from actors.errors import InvalidRequest
 
 __all__ = ["MetadataColumns"]
@@ -315,7 +326,26 @@ class MetadataColumns:
             else:
                 raise InvalidRequest(f"filter: unknown comparison {op!r} on {node.path!r}")
             return np.logical_not(mask, out=mask) if op in ("ne", "nin") else mask
+        if isinstance(node, Pattern):
+            return self._match_pattern(node, width)
         raise InvalidRequest(f"filter: unsupported node {type(node).__name__}")
+
+    def _match_pattern(self, node: Pattern, width: int) -> np.ndarray:
+        """Rows with a string at the path that the regex finds a match in (or that holds the
+        substring): tested once per distinct string of the path's vocabulary."""
+        mask = np.zeros(width, dtype=np.bool_)
+        col = self._cols.get(node.path)
+        if col is None or not col.vocab:
+            return mask
+        if node.kind == "regex":
+            search = compiled(node.text).search
+            lut = np.fromiter((search(s) is not None for s in col.vocab), np.bool_, len(col.vocab))
+        else:
+            text = node.text
+            lut = np.fromiter((text in s for s in col.vocab), np.bool_, len(col.vocab))
+        a = col.arrays()
+        _scatter(mask, a["srow"], lut[a["scode"]], "srow" not in col.dups)
+        return mask
 
     def _present(self, path: str, width: int) -> np.ndarray:
         mask = np.zeros(width, dtype=np.bool_)

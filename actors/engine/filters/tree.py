@@ -23,10 +23,15 @@ missing altogether, holds null (or a list holding null) or has a missing branch:
 does not match ``{"a": []}``. ``$ne``/``$nin`` are exactly NOT ``$eq``/``$in``, and
 ``$not``/``$nor`` exactly NOT their operands, so all four match documents where the field is
 missing. ``$exists`` is true when some branch reaches the path (even with null, ``[]`` or an
-object); ``$gt``-style operators never match a missing path or null.
+object); ``$gt``-style operators never match a missing path or null. ``$regex`` (with
+``$options`` ``i``, ``m``, ``s``) matches a string value a regular expression finds a match in,
+``$contains`` one holding a substring (CyborgDB's operator); like every operator they match a
+list holding such a string, and never a missing path, null or another type.
 
 Deliberate differences from MongoDB: operands are scalars only (no whole-list or object equality,
-no ``$gte: null``, no NaN or infinity), there is no regex, ``$type``, ``$elemMatch``, ``$size`` or
+no ``$gte: null``, no NaN or infinity), regular expressions are RE2's (linear time: no
+backreferences or lookaround; a pattern of at most 1,024 characters), there is no ``$type``,
+``$elemMatch``, ``$size`` or
 ``$all``, and numeric path segments name object keys only (``"tags.0"`` is not the first
 element). A key that itself contains a dot (``{"a.b": 1}``) is matched by the path ``"a.b"``
 too (MongoDB would not reach it), and mixing such keys with nested objects of the same path
@@ -37,14 +42,28 @@ leaves the missing-branch rule approximate.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+import re2
+
 from actors.errors import InvalidRequest
 
-__all__ = ["And", "Cmp", "Exists", "FilterNode", "Not", "Or", "parse_filter"]
+__all__ = [
+    "And",
+    "Cmp",
+    "Exists",
+    "FilterNode",
+    "Not",
+    "Or",
+    "Pattern",
+    "compiled",
+    "parse_filter",
+    "pattern_paths",
+]
 
 
 @dataclass(frozen=True)
@@ -75,12 +94,35 @@ class Exists:
     exists: bool
 
 
-FilterNode = Union[And, Or, Not, Cmp, Exists]  # noqa: UP007 - runtime alias, py3.10 target
+@dataclass(frozen=True)
+class Pattern:
+    """``$regex`` (RE2 syntax, ``$options`` as inline flags) or ``$contains`` (a substring) on
+    the string values at ``path`` (also the strings of a list there)."""
+
+    path: str
+    kind: str  # "regex" or "contains"
+    text: str
+
+
+FilterNode = Union[And, Or, Not, Cmp, Exists, Pattern]  # noqa: UP007 - runtime alias
 
 # --------------------------------------------------------------------------- parsing
 
 _OPS = {f"${op}": op for op in ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin")}
 _MAX_DEPTH = 32
+MAX_PATTERN = 1024  # characters of a $regex or $contains operand
+_FLAGS = frozenset("ims")  # $options: case-insensitive, multi-line, dot matches newline
+_RE2_MEMORY = 8 << 20  # bytes one compiled $regex may use (RE2 refuses larger programs)
+
+
+@functools.lru_cache(maxsize=256)
+def compiled(pattern: str) -> Any:
+    """A $regex compiled with RE2: matching takes time linear in the value, whatever the
+    pattern (no backtracking), and a pattern too large for its memory bound is refused."""
+    options = re2.Options()
+    options.log_errors = False
+    options.max_mem = _RE2_MEMORY
+    return re2.compile(pattern, options)
 
 
 def _tname(v: Any) -> str:
@@ -192,6 +234,47 @@ def _parse_field(path: str, val: Any, depth: int) -> FilterNode:
     return _parse_ops(path, val, depth)
 
 
+def _pattern_text(operand: Any, what: str) -> str:
+    if not isinstance(operand, str):
+        raise InvalidRequest(f"{what} needs a string, got {_tname(operand)}")
+    if len(operand) > MAX_PATTERN:
+        raise InvalidRequest(f"{what} is longer than {MAX_PATTERN} characters")
+    return operand
+
+
+def _parse_regex(path: str, operand: Any, options: Any, what: str) -> Pattern:
+    text = _pattern_text(operand, what)
+    if options is not None:
+        if not isinstance(options, str) or not set(options) <= _FLAGS:
+            raise InvalidRequest(f"{what}: $options takes the flags i, m and s, got {options!r}")
+        if options:
+            text = f"(?{''.join(sorted(set(options)))}){text}"
+    try:
+        compiled(text)
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise InvalidRequest(
+            f"{what}: not a valid regular expression in RE2 syntax (no backreferences or "
+            f"lookaround): {detail}"
+        ) from None
+    return Pattern(path, "regex", text)
+
+
+def pattern_paths(node: FilterNode | None) -> Iterator[tuple[str, str]]:
+    """(path, "regex" | "contains" | "compare") of every condition in the tree."""
+    if node is None:
+        return
+    if isinstance(node, (And, Or)):
+        for child in node.children:
+            yield from pattern_paths(child)
+    elif isinstance(node, Not):
+        yield from pattern_paths(node.child)
+    elif isinstance(node, Pattern):
+        yield node.path, node.kind
+    else:
+        yield node.path, "compare"
+
+
 def _parse_not(path: str, operand: Any, depth: int) -> FilterNode:
     what = f"filter: $not on {path!r}"
     _too_deep(depth)
@@ -234,6 +317,13 @@ def _parse_ops(path: str, ops: Mapping[str, Any], depth: int) -> FilterNode:
                 raise InvalidRequest(f"{what} needs a list, got {_tname(operand)}")
             items = tuple(_scalar(v, f"{what} element") for v in operand)
             nodes.append(Cmp(path, _OPS[key], items))
+        elif key == "$regex":
+            nodes.append(_parse_regex(path, operand, ops.get("$options"), what))
+        elif key == "$options":
+            if "$regex" not in ops:
+                raise InvalidRequest(f"{what}: $options goes with $regex")
+        elif key == "$contains":
+            nodes.append(Pattern(path, "contains", _pattern_text(operand, what)))
         else:
             raise InvalidRequest(f"filter: unknown operator {key!r} on {path!r}")
     return nodes[0] if len(nodes) == 1 else And(tuple(nodes))
