@@ -103,18 +103,23 @@ def mint(
     return f"{PREFIX}{user_id}_{text}", grant
 
 
-def verify(grant: UserGrant, secret: bytes, index_id: str) -> bool:
-    """Whether ``secret`` is this grant's (constant-time): the check a gateway makes before it
-    reads a user's request."""
-    _, verifier = _kek(secret, grant.salt, index_id, grant.user_id)
-    return hmac.compare_digest(verifier, grant.verifier)
+def verify(grant: UserGrant, secret: bytes, index_id: str) -> bytes | None:
+    """The grant's key-encryption key if ``secret`` is this grant's (checked in constant time),
+    else None: the check a gateway makes before it reads a user's request."""
+    kek, verifier = _kek(secret, grant.salt, index_id, grant.user_id)
+    return kek if hmac.compare_digest(verifier, grant.verifier) else None
 
 
 def unwrap(grant: UserGrant, secret: bytes, index_id: str, epoch: int) -> bytes:
     """The index's data key, if ``secret`` is this grant's; Unauthorized otherwise."""
-    kek, verifier = _kek(secret, grant.salt, index_id, grant.user_id)
-    if not hmac.compare_digest(verifier, grant.verifier):
+    kek = verify(grant, secret, index_id)
+    if kek is None:
         raise Unauthorized("invalid API key")
+    return open_wrapped(grant, kek, index_id, epoch)
+
+
+def open_wrapped(grant: UserGrant, kek: bytes, index_id: str, epoch: int) -> bytes:
+    """The index's data key from the grant, with the KEK :func:`verify` gave."""
     try:
         return open_sealed(
             kek, grant.wrapped, _aad(index_id, grant.user_id, epoch, grant.rights, "wrap")

@@ -15,11 +15,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class User:
-    """A per-index user key the gate verified (actors.storage.users): its id and secret, and
-    the catalog entry of its index as looked up for this request."""
+    """A per-index user key the gate verified (actors.storage.users): its grant, the key that
+    opens the grant, and the catalog entry of its index as looked up for this request."""
 
     user_id: str
-    secret: bytes = field(repr=False)
+    kek: bytes = field(repr=False)
+    grant: Any = field(repr=False)  # actors.types.UserGrant
     meta: Any = field(repr=False)  # actors.types.IndexMeta
 
 

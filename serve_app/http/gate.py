@@ -45,9 +45,10 @@ async def verified_user(given: bytes) -> tuple[context.User, Right] | None:
     if meta is None:
         return None
     grant = next((u for u in meta.users if u.user_id == user_id), None)
-    if grant is None or not users.verify(grant, secret, meta.index_id):
+    kek = None if grant is None else users.verify(grant, secret, meta.index_id)
+    if grant is None or kek is None:
         return None
-    return context.User(user_id, secret, meta), rights.of(grant.rights)
+    return context.User(user_id, kek, grant, meta), rights.of(grant.rights)
 
 
 def over_rate(name: str, limits: Limits, wait: int) -> Response:

@@ -38,8 +38,5 @@ async def _as_user(engine: Engine, name: str, user: context.User) -> CachedView:
     if name != meta.name:
         raise Unauthorized("invalid API key for this index")
     context.note(index=name)
-    grant = next((u for u in meta.users if u.user_id == user.user_id), None)
-    if grant is None:
-        raise Unauthorized("invalid API key for this index")
-    data_key = users.unwrap(grant, user.secret, meta.index_id, meta.epoch)
+    data_key = users.open_wrapped(user.grant, user.kek, meta.index_id, meta.epoch)
     return await engine.view_unlocked(meta, data_key)
