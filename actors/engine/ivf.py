@@ -28,6 +28,20 @@ def untrained_template(dimension: int) -> faiss.IndexIVF:
     return index
 
 
+# An ivf index's sq_bits -> the faiss scalar quantizer its codes use (None: 8 bits). 4, 6 and 8
+# are faiss's non-uniform quantizers: per dimension, a range trained on the residuals, cut
+# into 2^bits steps. 12 is CyborgDB's tq12: faiss has no 12-bit quantizer, so it keeps
+# half-precision codes, 16 bits a dimension (fp16's 11-bit significand is at least as fine as a
+# 12-bit grid); it stays 12 in the config so that describe answers the precision asked for.
+SQ_TYPES = {
+    4: faiss.ScalarQuantizer.QT_4bit,
+    6: faiss.ScalarQuantizer.QT_6bit,
+    8: faiss.ScalarQuantizer.QT_8bit,
+    12: faiss.ScalarQuantizer.QT_fp16,
+    16: faiss.ScalarQuantizer.QT_fp16,
+}
+
+
 def new_ivf(
     index_type: str,
     dimension: int,
@@ -40,7 +54,9 @@ def new_ivf(
     if index_type == "ivfflat":
         index = faiss.IndexIVFFlat(quantizer, dimension, n_lists, faiss.METRIC_L2)
     elif index_type == "ivf":
-        qtype = faiss.ScalarQuantizer.QT_fp16 if sq_bits == 16 else faiss.ScalarQuantizer.QT_8bit
+        if (sq_bits or 8) not in SQ_TYPES:
+            raise InvalidRequest(f"sq_bits {sq_bits} is not one of {sorted(SQ_TYPES)}")
+        qtype = SQ_TYPES[sq_bits or 8]
         index = faiss.IndexIVFScalarQuantizer(quantizer, dimension, n_lists, qtype, faiss.METRIC_L2)
     elif index_type == "ivfpq":
         m = pq_dim or default_pq_dim(dimension)

@@ -24,7 +24,7 @@ import faiss
 import numpy as np
 
 from actors import constants
-from actors.engine import compaction, search, shard_state
+from actors.engine import compaction, fulltext, search, shard_state
 from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
@@ -42,6 +42,9 @@ from actors.types import (
     SearchRequest,
     SearchResult,
     ShardStats,
+    TextHits,
+    TextQuery,
+    TextStats,
     UpsertBatch,
 )
 
@@ -383,6 +386,31 @@ class Shard:
             if order_by is None:
                 return self.items.ids_of(labels if limit is None else labels[:limit])
             return self.items.order(labels, order_by, ascending)[:limit]
+
+    def text_stats(
+        self, key: bytes, fields: Sequence[str], terms: Sequence[str]
+    ) -> tuple[TextStats, ...]:
+        """Each full-text field's collection statistics for ``terms`` (actors.engine.fulltext)."""
+        with self._reading(key):
+            return tuple(self.items.text_field(f).stats(terms) for f in fields)
+
+    def text_search(self, key: bytes, q: TextQuery) -> TextHits:
+        """The best ``q.k`` BM25 matches among the items ``q.filter`` matches, descending
+        score, ties by id; scored with ``q.stats`` (index-wide) when given."""
+        with self._reading(key):
+            items = self.items
+            indexes = [items.text_field(f) for f in q.fields]
+            stats = q.stats or tuple(index.stats(q.terms) for index in indexes)
+            allowed = None
+            if q.filter is not None:
+                n = items.next_label
+                allowed = items.columns.evaluate(q.filter, n) & items.alive[:n]
+            labels, scores = fulltext.score(
+                indexes, q.weights, q.terms, stats, q.k1, q.b, q.require_all, allowed
+            )
+            pos, ids = fulltext.top(scores, q.k, lambda p: items.ids_of(labels[p]))
+            meta = items.metadata[labels[pos]].tolist() if q.with_metadata else None
+            return TextHits(ids, scores[pos].tolist(), meta)
 
     def stats(self, key: bytes, footprint: bool = False) -> ShardStats:
         """Items and training version; with ``footprint`` also the resident size (a pass over

@@ -59,14 +59,15 @@ def restore(frame: bytes) -> State:
 
 def footprint(items: ItemTable, partition: PartitionIndex | None) -> int:
     """An estimate of the bytes the items and lists hold: per item the id, metadata, contents
-    and the table's fixed columns, and the lists' codes (a pass over every item's metadata)."""
+    and the table's fixed columns, the lists' codes and the full-text postings (a pass over
+    every item's metadata)."""
     n = items.next_label
     size = n * constants.ROW_BYTES
     for column in (items.metadata[:n], items.contents[:n]):
         size += sum(map(len, filter(None, column.tolist())))
     if partition is not None:
         size += partition.ntotal * (partition.index.code_size + 8)
-    return size
+    return size + items.text.nbytes()
 
 
 def searchable(batch: UpsertBatch) -> UpsertBatch:

@@ -43,6 +43,9 @@ from actors.types import (
     SearchRequest,
     SearchResult,
     ShardStats,
+    TextHits,
+    TextQuery,
+    TextStats,
     UpsertBatch,
 )
 
@@ -194,6 +197,16 @@ class ShardPool:
     ) -> list[Any]:
         with self._call("match_ids"):
             return self._shard(p).match_ids(key, node, limit, order_by, ascending)
+
+    def text_stats(
+        self, p: Partition | str, key: bytes, fields: tuple[str, ...], terms: tuple[str, ...]
+    ) -> tuple[TextStats, ...]:
+        with self._call("text_stats"):
+            return self._shard(p).text_stats(key, fields, terms)
+
+    def text_search(self, p: Partition | str, key: bytes, q: TextQuery) -> TextHits:
+        with self._call("text_search"):
+            return self._shard(p).text_search(key, q)
 
     def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats:
         with self._call("stats"):

@@ -25,6 +25,9 @@ from actors.types import (
     SearchRequest,
     SearchResult,
     ShardStats,
+    TextHits,
+    TextQuery,
+    TextStats,
     UpsertBatch,
 )
 
@@ -66,6 +69,12 @@ class ShardCalls(Protocol):
         order_by: str | None,
         ascending: bool,
     ) -> list[Any]: ...
+
+    def text_stats(
+        self, p: Partition | str, key: bytes, fields: tuple[str, ...], terms: tuple[str, ...]
+    ) -> tuple[TextStats, ...]: ...
+
+    def text_search(self, p: Partition | str, key: bytes, q: TextQuery) -> TextHits: ...
 
     def stats(self, p: Partition | str, key: bytes, footprint: bool) -> ShardStats: ...
 

@@ -22,6 +22,9 @@ from actors.types import (
     SearchRequest,
     SearchResult,
     ShardStats,
+    TextHits,
+    TextQuery,
+    TextStats,
     UpsertBatch,
 )
 
@@ -145,6 +148,14 @@ class ShardClient:
         ascending: bool,
     ) -> ObjectRef[list[Any]]:
         return self.handle.match_ids.remote(self._p, key, node, limit, order_by, ascending)
+
+    def text_stats(
+        self, key: bytes, fields: tuple[str, ...], terms: tuple[str, ...]
+    ) -> ObjectRef[tuple[TextStats, ...]]:
+        return self.handle.text_stats.remote(self._p, key, fields, terms)
+
+    def text_search(self, key: bytes, q: TextQuery) -> ObjectRef[TextHits]:
+        return self.handle.text_search.remote(self._p, key, q)
 
     def stats(self, key: bytes, footprint: bool = False) -> ObjectRef[ShardStats]:
         return self.handle.stats.remote(self._p, key, footprint)

@@ -32,9 +32,9 @@ from serve_app.models import (
     UpsertResponse,
 )
 from serve_app.replica import services
+from serve_app.service import fulltext, upserts
 from serve_app.service import matrices as arrays
 from serve_app.service import queries as service
-from serve_app.service import upserts
 from serve_app.service.params import COMPACT_INCLUDE, QueryParams, UpsertArgs, UpsertRows
 
 router = APIRouter(
@@ -67,7 +67,8 @@ async def query_binary(body: BinaryQueryRequest) -> Response:
     matrix. The answer is /v1/vectors/query's for a list of vectors: a result list per row."""
     x = arrays.decode_rows(body.batch.vectors_b64, None, body.batch.dimension, "batch.vectors_b64")
     params = QueryParams.of(body, services().settings)
-    answer = await service.query_json(services().engine, params, x, False)
+    hybrid = fulltext.Hybrid.of(body)
+    answer = await service.query_json(services().engine, params, x, False, hybrid)
     return Response(answer, media_type="application/json")
 
 

@@ -19,6 +19,7 @@ from serve_app.models import (
     CreateIndexRequest,
     IndexConfigIn,
     IndexRequest,
+    IndexType,
     RotateKeyRequest,
     TrainRequest,
 )
@@ -42,6 +43,26 @@ async def embedding_models(svc: Services) -> list[dict[str, Any]]:
     return [] if svc.embedder is None else list(await svc.embedder.models.remote())
 
 
+# CyborgDB's storage_precision -> (vaultvec index type, sq_bits), and back for describe.
+# The tq* tiers are faiss scalar quantizers of that many bits a dimension (tq12: fp16 codes,
+# as faiss has no 12-bit quantizer; actors.engine.ivf.SQ_TYPES).
+PRECISIONS: dict[str, tuple[IndexType, int | None]] = {
+    "float32": ("ivfflat", None),
+    "float16": ("ivf", 16),
+    "tq12": ("ivf", 12),
+    "tq8": ("ivf", 8),
+    "tq6": ("ivf", 6),
+    "tq4": ("ivf", 4),
+}
+
+
+def precision_of(cfg: IndexConfig) -> str | None:
+    """The storage_precision an index's storage is (an ``ivfsq`` index of 8 bits is ``tq8``);
+    None for ``ivfpq``, which has none."""
+    stored = (cfg.index_type, (cfg.sq_bits or 8) if cfg.index_type == "ivf" else None)
+    return next((name for name, kind in PRECISIONS.items() if kind == stored), None)
+
+
 def resolve_type(
     body: CreateIndexRequest, cfg_in: IndexConfigIn
 ) -> tuple[str, int | None, int | None, int | None]:
@@ -49,22 +70,21 @@ def resolve_type(
 
     CyborgDB's newer names map onto vaultvec's types: ``ivfsq`` is ``ivf`` (scalar quantised,
     ``sq_bits`` 8 or 16); ``diskivf`` (also what a request with only ``storage_precision``
-    means) is ``ivfflat`` at float32 and half-precision ``ivf`` at float16."""
+    means) is ``ivfflat`` at float32 and ``ivf`` at the others (PRECISIONS: sq_bits 16, 12,
+    8, 6 or 4)."""
     requested = body.index_type or cfg_in.index_type or cfg_in.type
     precision = body.storage_precision
     pq_dim, pq_bits, sq_bits = cfg_in.pq_dim or None, cfg_in.pq_bits or None, cfg_in.sq_bits
     if precision is not None and requested not in (None, "diskivf"):
         raise InvalidRequest("storage_precision applies only to diskivf indexes")
+    if sq_bits is not None and sq_bits not in (8, 16):  # the public ivfsq contract
+        raise InvalidRequest("sq_bits applies only to ivf/ivfsq indexes and must be 8 or 16")
     if requested == "diskivf" or precision is not None:
-        if precision not in (None, "float32", "float16"):
-            raise InvalidRequest(
-                f"storage_precision {precision!r} is not supported; use float32 or float16"
-            )
-        requested, sq_bits = ("ivf", 16) if precision == "float16" else ("ivfflat", None)
+        requested, sq_bits = PRECISIONS[precision or "float32"]
     index_type = "ivf" if requested == "ivfsq" else requested or "ivfflat"
     if index_type != "ivfpq" and (pq_dim or pq_bits):
         raise InvalidRequest("pq_dim and pq_bits apply only to ivfpq indexes")
-    if sq_bits is not None and (index_type != "ivf" or sq_bits not in (8, 16)):
+    if sq_bits is not None and index_type != "ivf":
         raise InvalidRequest("sq_bits applies only to ivf/ivfsq indexes and must be 8 or 16")
     if index_type == "ivfpq":
         pq_bits = pq_bits or 8
@@ -75,13 +95,6 @@ def refuse_unsupported(body: CreateIndexRequest) -> None:
     """CyborgDB features vaultvec does not offer: a clear 422, never silently ignored."""
     if body.kms_name:
         raise InvalidRequest("KMS-backed index keys are not supported: send index_key")
-    full_text = [
-        name
-        for name, policy in (body.metadata_schema or {}).items()
-        if isinstance(policy, dict) and policy.get("full_text")
-    ]
-    if body.text_fields or full_text:
-        raise InvalidRequest("full-text (BM25) fields are not supported (text_fields, full_text)")
 
 
 async def create(svc: Services, body: CreateIndexRequest) -> dict[str, Any]:
@@ -109,6 +122,8 @@ async def create(svc: Services, body: CreateIndexRequest) -> dict[str, Any]:
     metric = metric or ("cosine" if model else "euclidean")
     if pq_dim is not None and dimension is not None and dimension % pq_dim:
         raise InvalidRequest(f"pq_dim {pq_dim} must divide the dimension {dimension}")
+    fields = schema.parse(body.metadata_schema, body.text_fields)
+    bm25 = schema.bm25(fields, body.bm25_k1, body.bm25_b)
     salt = new_salt()
     keys = derive_keys(key, body.index_name, salt)
     owner = (ctx.key or "") if ctx is not None else ""
@@ -126,7 +141,8 @@ async def create(svc: Services, body: CreateIndexRequest) -> dict[str, Any]:
         embedding_model=model,
         recall_target=settings.recall_target,
         n_lists_requested=body.n_lists or cfg_in.n_lists or None,
-        metadata_schema=schema.parse(body.metadata_schema),
+        metadata_schema=fields,
+        bm25=bm25,
     )
     max_per_owner = ctx.limits.max_indexes_per_key if ctx is not None and ctx.limits else 0
     await engine.control.create_index(meta, keys.data_key, cfg, max_per_owner)
@@ -149,6 +165,7 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
     return {
         "index_name": cfg.name,
         "index_type": cfg.index_type,
+        "storage_precision": precision_of(cfg),
         "is_trained": cfg.is_trained,
         "dimension": dimension,
         "metric": cfg.metric,
@@ -167,6 +184,7 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
         },
         "embedding_model": cfg.embedding_model,
         "metadata_schema": schema.describe(cfg),
+        "bm25": schema.describe_bm25(cfg),
         "num_vectors": num,
         "recall": recall_report(engine, cfg),
         # The index's own bytes only: the pool actors' memory moves with every index they

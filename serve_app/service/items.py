@@ -12,7 +12,7 @@ from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.models import DeleteRequest, GetRequest, IndexRequest, QueryMetadataRequest
-from serve_app.service import schema
+from serve_app.service import fulltext, schema
 from serve_app.service.deps import Services
 from serve_app.service.params import Limits, distinct, get_fields
 from serve_app.service.unlock import open_index
@@ -70,20 +70,30 @@ async def query_metadata(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Metadata-only search: (results, ids) of the items the filter matches (no vector), in
     the order of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
-    get returns them."""
-    if body.text:
-        raise InvalidRequest("query_metadata: text (BM25 full-text search) is not supported")
+    get returns them. With ``text``: the items matching its terms, by descending BM25 score,
+    each with its ``score``."""
+    search = fulltext.TextSearch.of(body)
+    if search is not None and body.order_by is not None:
+        raise InvalidRequest("query_metadata: order_by does not apply with text (ranked by BM25)")
     order_by, ascending = sort_order(body.order_by, body.ascending)
     engine = svc.engine
     cv = await open_index(engine, body.index_name, body.index_key, Right.READ)
     node = parse_filter(body.filters or None)
     schema.enforce(cv.config, node)
-    ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
+    scores: dict[str, float] = {}
+    if search is not None:
+        hits = await fulltext.ranked(engine, cv, search, node, body.top_k)
+        ids, scores = hits.ids, dict(zip(hits.ids, hits.scores, strict=True))
+    else:
+        ids = await engine.match_ids(cv, node, body.top_k, order_by, ascending)
     context.note(items=len(ids))
     if body.include:
         results = await fetch(engine, cv, ids, body.include)
     else:
         results = [{"id": i} for i in ids]
+    if search is not None:  # ranked: each row carries its BM25 score
+        for row in results:
+            row["score"] = scores[row["id"]]
     return results, ids
 
 

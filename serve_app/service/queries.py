@@ -21,7 +21,7 @@ from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Hits
 from serve_app.models import QueryRequest
-from serve_app.service import text
+from serve_app.service import fulltext, text
 from serve_app.service.checks import (
     as_matrix,
     check_dimension,
@@ -62,37 +62,61 @@ async def answer(svc: Services, body: QueryRequest) -> bytes:
     if (body.query_vectors is None) == (body.query_contents is None):
         raise InvalidRequest("give exactly one of query_vectors and query_contents")
     params = QueryParams.of(body, svc.settings)
+    hybrid = fulltext.Hybrid.of(body)
     if body.query_contents is not None:  # text query: one embedding, flat results
-        return await query_text_json(svc.engine, svc.embedder, params, body.query_contents)
+        return await query_text_json(svc.engine, svc.embedder, params, body.query_contents, hybrid)
     x, single = as_matrix(body.query_vectors, "query_vectors")
-    return await query_json(svc.engine, params, x, single)
+    return await query_json(svc.engine, params, x, single, hybrid)
 
 
-async def query_json(engine: Engine, params: QueryParams, x: np.ndarray, single: bool) -> bytes:
+async def query_json(
+    engine: Engine,
+    params: QueryParams,
+    x: np.ndarray,
+    single: bool,
+    hybrid: fulltext.Hybrid | None = None,
+) -> bytes:
     """The JSON answer to the (nq, d) matrix ``x``: one list, or one per row unless ``single``."""
     context.note(items=len(x))
     cv = await open_index(engine, params.index_name, params.index_key, Right.READ)
-    return await json_answer(engine, cv, params, x, single)
+    return await json_answer(engine, cv, params, x, single, hybrid)
 
 
 async def query_text_json(
-    engine: Engine, embedder: Any, params: QueryParams, query_text: str
+    engine: Engine,
+    embedder: Any,
+    params: QueryParams,
+    query_text: str,
+    hybrid: fulltext.Hybrid | None = None,
 ) -> bytes:
     """The JSON answer to a text query, embedded with the index's model: one flat list."""
     context.note(items=1)
     cv = await open_index(engine, params.index_name, params.index_key, Right.READ)
     model = text.index_model(cv.config, "query_contents")
     x = await text.embed_query(embedder, model, query_text)
-    return await json_answer(engine, cv, params, x, True)
+    return await json_answer(engine, cv, params, x, True, hybrid)
 
 
 async def json_answer(
-    engine: Engine, cv: CachedView, params: QueryParams, x: np.ndarray, single: bool
+    engine: Engine,
+    cv: CachedView,
+    params: QueryParams,
+    x: np.ndarray,
+    single: bool,
+    hybrid: fulltext.Hybrid | None = None,
 ) -> bytes:
-    """``{"results": ...}``. Every entry has its distance (CyborgDB's clients rely on it
-    whatever ``include`` says); ``vector`` and ``contents``, when asked for, are fetched for the
-    results by id."""
+    """``{"results": ...}``. Every entry of a vector query has its distance (CyborgDB's
+    clients rely on it whatever ``include`` says), every entry of a hybrid query (``hybrid``:
+    with text) its fused score instead; ``vector`` and ``contents``, when asked for, are
+    fetched for the results by id."""
     fields = params.fields.on(cv.config)
+    if hybrid is not None:
+        rows = await fulltext.fused(
+            engine, cv, hybrid, params, x, lambda p: query(engine, cv, p, x)
+        )
+        if fields.vector or fields.contents:
+            await attach_items(engine, cv, rows, fields)
+        return orjson.dumps({"results": rows[0] if single else rows})
     hits = await query(engine, cv, params, x)
     metric = cv.config.metric
     t = now()

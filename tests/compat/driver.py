@@ -15,8 +15,9 @@ after every check to ``--report`` if given (so a hung run still leaves a partial
 Check names are ``<scenario>/<check>``: scenarios are the index kinds (``ivfflat``, ``ivf``,
 ``ivfsq``, ``ivfpq`` through the config classes of 0.11-0.16; ``float32``, ``float16``,
 ``tq*`` through ``storage_precision`` in 0.17+), ``cosine``, ``text`` (server-side embeddings),
-``client`` (index-independent calls) and the out-of-scope ``kms``, ``rbac``, ``bm25`` and
-``schema`` (0.17+/0.18).
+``client`` (index-independent calls), ``contract``, ``rbac``, ``bm25`` (whose answers the
+report also carries, for test_sdk.py to check against the reference BM25), ``schema`` and the
+out-of-scope ``kms`` (0.17+/0.18).
 """
 
 from __future__ import annotations
@@ -235,6 +236,44 @@ def make_vectors(n: int, seed: int) -> np.ndarray:
     centres = rng.normal(scale=3.0, size=(12, DIM))
     labels = rng.integers(0, len(centres), size=n)
     return (centres[labels] + rng.normal(size=(n, DIM))).astype(np.float32)
+
+
+BM25_WORDS = [
+    "whale",
+    "ocean",
+    "sea",
+    "bread",
+    "bake",
+    "oven",
+    "dough",
+    "rocket",
+    "moon",
+    "star",
+    "song",
+    "piano",
+    "drum",
+]
+BM25_CASES: list[dict[str, Any]] = [
+    {"text": "whales ocean"},
+    {"text": "baking bread", "text_fields": ["body"], "top_k": 5},
+    {"text": "moon star", "text_fields": ["body", "title"], "text_field_weights": [1.0, 2.5]},
+    {"text": "piano drum song", "require_all_terms": True},
+    {"text": "sea bread", "filters": {"topic": {"$in": ["food", "animals"]}}},
+]
+
+
+def bm25_docs() -> dict[str, dict[str, Any]]:
+    """The bm25 scenario's items: TEXT_DOCS and 60 generated ones (body, title, topic)."""
+    rng = np.random.default_rng(5)
+    docs = {k: {"body": text, "topic": topic} for k, (text, topic) in TEXT_DOCS.items()}
+    for i in range(60):
+        words = rng.choice(BM25_WORDS, size=int(rng.integers(2, 9)))
+        docs[f"b{i:02d}"] = {
+            "body": " ".join(words),
+            "title": " ".join(rng.choice(BM25_WORDS, size=2)),
+            "topic": ["food", "animals", "space", "music"][i % 4],
+        }
+    return docs
 
 
 def distances(metric: str, query: np.ndarray, matrix: np.ndarray) -> np.ndarray:
@@ -1364,7 +1403,9 @@ class Driver:
             self.drop_quietly(index)
 
     def tq_scenario(self) -> None:
-        vectors = make_vectors(40, seed=5)
+        """The TurboQuant storage precisions: exact search before training, then the
+        compressed codes (12/8/6/4 bits a dimension) after it still find a stored vector."""
+        vectors = make_vectors(400, seed=5)
         for precision in ("tq12", "tq8", "tq6", "tq4"):
             s = precision
             index: Any = None
@@ -1374,42 +1415,82 @@ class Driver:
                 continue
             try:
                 with self.check(f"{s}/upsert_query"):
-                    index.upsert([f"t{i}" for i in range(40)], vectors)
+                    index.upsert([f"t{i}" for i in range(len(vectors))], vectors)
                     res = index.query(query_vectors=vectors[7], top_k=3)
                     expect(res and res[0]["id"] == "t7", f"results {res}")
+                with self.check(f"{s}/train_query"):
+                    self.train(index)
+                    self.wait_trained(index)
+                    res = index.query(query_vectors=vectors[7], top_k=3, n_probes=N_LISTS)
+                    expect(res and res[0]["id"] == "t7", f"results after training {res}")
             finally:
                 self.drop_quietly(index)
 
     def bm25_scenario(self) -> None:
+        """BM25 and hybrid search through the SDK's own calls. The answers are recorded in the
+        report (``bm25``) for test_sdk.py to compare with the reference BM25 and the fusion of
+        an exact vector leg, which need the server's analyser (not importable here)."""
         s = "bm25"
-        vectors = make_vectors(len(TEXT_DOCS), seed=9)
+        docs = bm25_docs()
+        vectors = make_vectors(len(docs), seed=9)
         index: Any = None
+        observed: dict[str, Any] = {"query_metadata": [], "hybrid": []}
+        self.report.info["bm25"] = observed
         with self.check(f"{s}/create"):
             index = self.client.create_index(
                 self.name(s),
                 self.generate_key(),
                 dimension=DIM,
                 text_fields=["body"],
+                metadata_schema={"title": {"full_text": True}},
                 bm25_k1=1.2,
                 bm25_b=0.75,
             )
-            expect(index.bm25 is not None, f"bm25 config not reported: {index.bm25}")
-            expect(index.metadata_schema.get("body", {}).get("full_text"), "body not full_text")
+            bm25 = index.bm25
+            expect(bm25 and bm25.get("k1") == 1.2 and bm25.get("b") == 0.75, f"bm25 {bm25}")
+            schema = index.metadata_schema
+            for name in ("body", "title"):
+                expect(schema.get(name, {}).get("full_text"), f"{name} not full_text: {schema}")
         if index is None:
             return
         try:
-            with self.check(f"{s}/query_metadata_text"):
+            with self.check(f"{s}/upsert"):
                 index.upsert(
                     [
-                        {"id": k, "vector": vectors[j].tolist(), "metadata": {"body": text}}
-                        for j, (k, (text, _)) in enumerate(TEXT_DOCS.items())
+                        {"id": k, "vector": vectors[j].tolist(), "metadata": meta}
+                        for j, (k, meta) in enumerate(docs.items())
                     ]
                 )
-                rows = index.query_metadata(text="whales ocean")
-                expect(rows and rows[0]["id"] == "whale" and "score" in rows[0], f"rows {rows}")
+            with self.check(f"{s}/query_metadata_text"):
+                for args in BM25_CASES:
+                    rows = index.query_metadata(**args)
+                    expect(all(set(r) == {"id", "score"} for r in rows), f"rows {rows[:3]}")
+                    observed["query_metadata"].append({"args": args, "rows": rows})
+                rows = index.query_metadata(text="blue whales", top_k=1)
+                expect([r["id"] for r in rows] == ["whale"], f"rows {rows}")
             with self.check(f"{s}/query_hybrid"):
-                res = index.query(query_vectors=vectors[0].tolist(), text="bake bread", top_k=3)
-                expect(res and all("score" in r for r in res), f"results {res}")
+                for j, (alpha, top_k) in enumerate(((None, 5), (0.3, 4), (1.0, 3), (0.0, 3))):
+                    q = vectors[j * 7]
+                    kwargs: dict[str, Any] = {"text": "bake bread oven", "top_k": top_k}
+                    if alpha is not None:
+                        kwargs["alpha"] = alpha
+                    res = self.flat(index.query(query_vectors=q.tolist(), greedy=True, **kwargs))
+                    expect(res and all("score" in r for r in res), f"results {res}")
+                    observed["hybrid"].append({"row": j * 7, "kwargs": kwargs, "results": res})
+            with self.check(f"{s}/query_hybrid_binary_batch"):
+                # numpy queries go through the binary route; a batch fuses each row
+                res = index.query(query_vectors=vectors[:2], text="whale sea", top_k=3, greedy=True)
+                expect(len(res) == 2 and all(len(r) == 3 for r in res), f"results {res}")
+                for j, row in enumerate(res):
+                    kwargs = {"text": "whale sea", "top_k": 3}
+                    observed["hybrid"].append({"row": j, "kwargs": kwargs, "results": row})
+            with self.check(f"{s}/query_metadata_text_errors"):
+                try:
+                    index.query_metadata(text="bread", text_fields=["topic"])
+                except Exception as exc:
+                    expect("full_text" in str(exc), f"error {exc}")
+                else:
+                    raise CheckFailed("text_fields naming a non-full_text field was accepted")
         finally:
             self.drop_quietly(index)
 

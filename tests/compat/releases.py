@@ -36,16 +36,6 @@ KNOWN_UNSUPPORTED: tuple[Unsupported, ...] = (
         "KMS-backed index keys (create_index(kms_name=...)): vaultvec indexes are always keyed "
         "by the client's index_key",
     ),
-    Unsupported(
-        "bm25/*",
-        "0.18.0",
-        "BM25 full-text search (text_fields, bm25_k1/b, query(text=...), query_metadata(text=...))",
-    ),
-    Unsupported(
-        "tq*/*",
-        "0.18.0",
-        "storage_precision tq12/tq8/tq6/tq4 (TurboQuant): vaultvec offers float32 and float16",
-    ),
 )
 
 

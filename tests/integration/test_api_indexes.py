@@ -333,7 +333,7 @@ def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        ({"dimension": 8, "storage_precision": "tq4"}, "storage_precision"),
+        ({"dimension": 8, "index_type": "ivfpq", "storage_precision": "tq4"}, "diskivf"),
         ({"dimension": 8, "kms_name": "aws"}, "KMS"),
         ({"dimension": 8, "kms_name": "aws", "index_key": None}, "KMS"),  # as 0.17+ send it
         ({"dimension": 8, "index_key": None}, "index_key is required"),
