@@ -134,6 +134,8 @@ def query(
     params = drop_none(top_k=top_k, **options)
     include = params.get("include")
     json_only = sorted(JSON_ONLY_FIELDS.intersection(include or ()))
+    if params.get("text"):
+        json_only.append("hybrid scores")  # text: a hybrid query, answered on the JSON route
     if binary and json_only:
         raise ValueError(
             f"the compact array route cannot return {' or '.join(json_only)}: "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import ssl
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -172,13 +173,19 @@ class Client(_Base):
         n_lists: int | None = None,
         embedding_model: str | None = None,
         n_shards: int | None = None,
+        metadata_schema: dict[str, dict[str, bool]] | None = None,
+        text_fields: Sequence[str] | None = None,
+        bm25_k1: float | None = None,
+        bm25_b: float | None = None,
     ) -> Index:
         """A new index; None = the server's default. ``index_type`` ivfflat (default), ivf
         (``sq_bits`` 8 or 16) or ivfpq (``pq_dim``, ``pq_bits``); ``metric`` euclidean
         (default), squared_euclidean or cosine; ``n_lists`` IVF lists to train (automatic);
         ``embedding_model`` lets items and queries be text embedded on the server (it fixes
-        the dimension); ``n_shards`` shard actors. Raises IndexExistsError if the name is
-        taken."""
+        the dimension); ``n_shards`` shard actors; ``metadata_schema`` CyborgDB's per-field
+        policies (filterable, pattern, full_text); ``text_fields`` the metadata fields searched
+        by BM25 (``bm25_k1``, ``bm25_b`` its parameters). Raises IndexExistsError if the name
+        is taken."""
         self.call(
             create_call(
                 name,
@@ -192,6 +199,10 @@ class Client(_Base):
                 n_lists=n_lists,
                 embedding_model=embedding_model,
                 n_shards=n_shards,
+                metadata_schema=metadata_schema,
+                text_fields=text_fields,
+                bm25_k1=bm25_k1,
+                bm25_b=bm25_b,
             )
         )
         return Index(self, name, key)
@@ -283,6 +294,10 @@ class AsyncClient(_Base):
         n_lists: int | None = None,
         embedding_model: str | None = None,
         n_shards: int | None = None,
+        metadata_schema: dict[str, dict[str, bool]] | None = None,
+        text_fields: Sequence[str] | None = None,
+        bm25_k1: float | None = None,
+        bm25_b: float | None = None,
     ) -> AsyncIndex:
         await self.call(
             create_call(
@@ -297,6 +312,10 @@ class AsyncClient(_Base):
                 n_lists=n_lists,
                 embedding_model=embedding_model,
                 n_shards=n_shards,
+                metadata_schema=metadata_schema,
+                text_fields=text_fields,
+                bm25_k1=bm25_k1,
+                bm25_b=bm25_b,
             )
         )
         return AsyncIndex(self, name, key)
@@ -321,6 +340,10 @@ def create_call(
     n_lists: int | None = None,
     embedding_model: str | None = None,
     n_shards: int | None = None,
+    metadata_schema: dict[str, dict[str, bool]] | None = None,
+    text_fields: Sequence[str] | None = None,
+    bm25_k1: float | None = None,
+    bm25_b: float | None = None,
 ) -> Call:
     """The create request: the index's shape in ``index_config``, the rest top-level."""
     config = drop_none(
@@ -333,4 +356,12 @@ def create_call(
     )
     body: dict[str, Any] = {"index_name": name, "index_key": key, "index_config": config}
     body.update(drop_none(metric=metric, embedding_model=embedding_model, n_shards=n_shards))
+    body.update(
+        drop_none(
+            metadata_schema=metadata_schema,
+            text_fields=None if text_fields is None else list(text_fields),
+            bm25_k1=bm25_k1,
+            bm25_b=bm25_b,
+        )
+    )
     return Call("/v1/indexes/create", body)

@@ -47,6 +47,23 @@ class AsyncRunner(Limits, Protocol):
 R = TypeVar("R", bound=Limits)
 
 
+def hybrid(
+    text: str | None,
+    fields: Sequence[str] | None,
+    weights: Sequence[float] | None,
+    require_all: bool | None,
+    **fusion: Any,
+) -> dict[str, Any]:
+    """A request's text-search fields (only those given)."""
+    return calls.drop_none(
+        text=text,
+        text_fields=None if fields is None else list(fields),
+        text_field_weights=None if weights is None else [float(w) for w in weights],
+        require_all_terms=require_all,
+        **fusion,
+    )
+
+
 class _IndexPlans(Generic[R]):
     """What an index handle sends; ``Index`` runs the plans synchronously, ``AsyncIndex``
     awaits them."""
@@ -87,6 +104,25 @@ class _IndexPlans(Generic[R]):
             binary,
             c.binary_threshold,
             c.max_request_bytes,
+        )
+
+    def _query_metadata(
+        self,
+        filters: dict[str, Any] | None,
+        top_k: int | None,
+        include: Sequence[str] | None,
+        order_by: str | dict[str, int] | None,
+        ascending: bool | None,
+        text: dict[str, Any],
+    ) -> Call:
+        return self._call(
+            "vectors/query_metadata",
+            filters=filters,
+            top_k=top_k,
+            include=None if include is None else list(include),
+            order_by=order_by,
+            ascending=ascending,
+            **text,
         )
 
     def _train(
@@ -148,12 +184,22 @@ class Index(_IndexPlans[Runner]):
         greedy: bool | None = None,
         include: Sequence[str] | None = None,
         binary: bool | None = None,
+        text: str | None = None,
+        text_fields: Sequence[str] | None = None,
+        text_field_weights: Sequence[float] | None = None,
+        require_all_terms: bool | None = None,
+        alpha: float | None = None,
+        rrf_k: float | None = None,
+        window_mult: int | None = None,
     ) -> QueryResult:
         """Nearest neighbours of one vector (1-D), a batch (2-D) or, with ``contents``, of one
         text embedded on the server (flat results, as for a 1-D vector): exactly one of
         ``vectors`` and ``contents``. ``include`` picks among distance, metadata (the default
         pair), vector and contents; asking for vector or contents sends the query to the JSON
-        route, the only one that returns them. See ``QueryResult``."""
+        route, the only one that returns them. With ``text`` the query is hybrid: a BM25 leg
+        over the index's full_text fields fused with the vector leg (``alpha`` 0 = BM25 only,
+        1 = vectors only; ``rrf_k``, ``window_mult``), ranked by ``scores`` (JSON route). See
+        ``QueryResult``."""
         return self.client.run(
             self._query(
                 vectors,
@@ -164,8 +210,43 @@ class Index(_IndexPlans[Runner]):
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),
+                **hybrid(
+                    text,
+                    text_fields,
+                    text_field_weights,
+                    require_all_terms,
+                    alpha=alpha,
+                    rrf_k=rrf_k,
+                    window_mult=window_mult,
+                ),
             )
         )
+
+    def query_metadata(
+        self,
+        filters: dict[str, Any] | None = None,
+        *,
+        top_k: int | None = None,
+        include: Sequence[str] | None = None,
+        order_by: str | dict[str, int] | None = None,
+        ascending: bool | None = None,
+        text: str | None = None,
+        text_fields: Sequence[str] | None = None,
+        text_field_weights: Sequence[float] | None = None,
+        require_all_terms: bool | None = None,
+    ) -> list[dict[str, Any]]:
+        """Items by metadata alone: ``{"id", ...include}`` rows of the items ``filters``
+        matches, in ``order_by``'s order if given, at most ``top_k``; with ``text``, the items
+        matching it by descending BM25 ``score`` (each row carries it)."""
+        call = self._query_metadata(
+            filters,
+            top_k,
+            include,
+            order_by,
+            ascending,
+            hybrid(text, text_fields, text_field_weights, require_all_terms),
+        )
+        return list(self.client.call(call)["results"])
 
     def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
         """Items by id (unknown ids omitted); ``vector`` comes back as a float32 array."""
@@ -244,6 +325,13 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
         greedy: bool | None = None,
         include: Sequence[str] | None = None,
         binary: bool | None = None,
+        text: str | None = None,
+        text_fields: Sequence[str] | None = None,
+        text_field_weights: Sequence[float] | None = None,
+        require_all_terms: bool | None = None,
+        alpha: float | None = None,
+        rrf_k: float | None = None,
+        window_mult: int | None = None,
     ) -> QueryResult:
         return await self.client.run(
             self._query(
@@ -255,8 +343,40 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),
+                **hybrid(
+                    text,
+                    text_fields,
+                    text_field_weights,
+                    require_all_terms,
+                    alpha=alpha,
+                    rrf_k=rrf_k,
+                    window_mult=window_mult,
+                ),
             )
         )
+
+    async def query_metadata(
+        self,
+        filters: dict[str, Any] | None = None,
+        *,
+        top_k: int | None = None,
+        include: Sequence[str] | None = None,
+        order_by: str | dict[str, int] | None = None,
+        ascending: bool | None = None,
+        text: str | None = None,
+        text_fields: Sequence[str] | None = None,
+        text_field_weights: Sequence[float] | None = None,
+        require_all_terms: bool | None = None,
+    ) -> list[dict[str, Any]]:
+        call = self._query_metadata(
+            filters,
+            top_k,
+            include,
+            order_by,
+            ascending,
+            hybrid(text, text_fields, text_field_weights, require_all_terms),
+        )
+        return list((await self.client.call(call))["results"])
 
     async def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
         return await self.client.run(calls.get(self._ref, ids, include))

@@ -28,6 +28,9 @@ class QueryResult:
     the same shape holding each result's stored vector as a float32 array (None for padding,
     and on ivf/ivfpq indexes, which keep no original vectors) and ``contents`` one holding
     each result's contents (None for padding and items without contents).
+
+    A hybrid query (``text``) ranks by fused relevance instead: ``scores`` (the shape of
+    ``ids``, float64, descending, NaN for padding) and no ``distances``.
     """
 
     ids: np.ndarray
@@ -36,6 +39,7 @@ class QueryResult:
     metadata: np.ndarray | None = None
     vectors: np.ndarray | None = None
     contents: np.ndarray | None = None
+    scores: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -84,15 +88,19 @@ def json_query_decoder(
         meta = np.empty((nq, width), dtype=object)
         vecs = np.empty((nq, width), dtype=object) if want_vectors else None
         texts = np.empty((nq, width), dtype=object) if want_contents else None
-        has_dist = has_meta = False
+        scores = np.full((nq, width), np.nan)
+        has_dist = has_meta = has_score = False
         counts = np.zeros(nq, dtype=np.int64)
         for q, row in enumerate(rows):
             counts[q] = len(row)
             for j, entry in enumerate(row):
                 ids[q, j] = entry["id"]
-                if "distance" in entry:
+                if entry.get("distance") is not None:
                     dist[q, j] = entry["distance"]
                     has_dist = True
+                if entry.get("score") is not None:
+                    scores[q, j] = entry["score"]
+                    has_score = True
                 if "metadata" in entry:
                     meta[q, j] = entry["metadata"]
                     has_meta = True
@@ -107,6 +115,7 @@ def json_query_decoder(
             meta if has_meta else None,
             vecs,
             texts,
+            scores if has_score else None,
         )
 
     return decode
@@ -136,6 +145,7 @@ def concat(results: Sequence[QueryResult]) -> QueryResult:
         cat([r.metadata for r in results], None),
         cat([r.vectors for r in results], None),
         cat([r.contents for r in results], None),
+        cat([r.scores for r in results], np.nan),
     )
 
 
@@ -148,4 +158,5 @@ def trim_single(r: QueryResult) -> QueryResult:
         None if r.metadata is None else r.metadata[0, :n],
         None if r.vectors is None else r.vectors[0, :n],
         None if r.contents is None else r.contents[0, :n],
+        None if r.scores is None else r.scores[0, :n],
     )

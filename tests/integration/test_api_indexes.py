@@ -91,6 +91,7 @@ def test_create_list_describe_delete_lifecycle(http):
         assert desc == {
             "index_name": name,
             "index_type": "ivfflat",
+            "storage_precision": "float32",  # vaultvec's: what its ivfflat storage is
             "is_trained": False,
             "dimension": 8,
             "metric": "cosine",

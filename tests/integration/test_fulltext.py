@@ -233,3 +233,36 @@ def test_full_text_postings_follow_updates_deletes_and_restart_free_reads(
         assert ok(idx.post("vectors/query_metadata", text="pears"))["ids"] == ["a"]
     finally:
         idx.drop()
+
+
+def test_python_client_text_search(service, indexes: list[Index]) -> None:
+    """The project's client: create with text_fields, query_metadata(text=...) and a hybrid
+    query(text=...) with scores, the batch one fused row by row."""
+    from cluster.client import Client
+    from tests.integration.conftest import API_KEY
+
+    items, vectors = corpus()
+    with Client(service.url, API_KEY) as vv:
+        idx = vv.create_index(
+            unique_name("ftc"), generate_key(), dimension=DIM, text_fields=["body", "title"]
+        )
+        try:
+            idx.upsert(
+                [it["id"] for it in items], vectors, metadata=[it["metadata"] for it in items]
+            )
+            assert idx.describe()["bm25"]["k1"] == 1.2
+            rows = idx.query_metadata(text="rocket moon", top_k=5)
+            want = ok(indexes[0].post("vectors/query_metadata", text="rocket moon", top_k=5))
+            assert rows == want["results"]
+            one = idx.query(vectors[3], top_k=4, text="guitar", greedy=True)
+            http_one = indexes[0].query(
+                query_vectors=vectors[3].tolist(), top_k=4, text="guitar", greedy=True
+            )
+            assert one.ids.tolist() == [r["id"] for r in http_one]
+            assert one.scores.tolist() == pytest.approx([r["score"] for r in http_one])
+            assert one.distances is None
+            batch = idx.query(vectors[:100], top_k=4, text="guitar", greedy=True)
+            assert batch.ids.shape == (100, 4) and batch.scores.shape == (100, 4)
+            assert batch.ids[3].tolist() == one.ids.tolist()
+        finally:
+            idx.drop()
