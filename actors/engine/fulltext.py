@@ -24,9 +24,7 @@ import math
 import re
 import threading
 from array import array
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -48,17 +46,23 @@ STOP_WORDS = frozenset(
 _WORD = re.compile(r"\w+")
 _stemmer = snowballstemmer.stemmer("english")
 _stem_lock = threading.Lock()  # the stemmer object keeps state between calls
+_stems: dict[str, str] = {}  # word -> stem; a plain dict: looked up once per word of every text
+MAX_STEMS = 1 << 18  # bounded: emptied when full (a hostile text cannot grow it without end)
 
 
-@lru_cache(maxsize=1 << 17)
 def _stem(word: str) -> str:
     with _stem_lock:
-        return str(_stemmer.stemWord(word))
+        stem = str(_stemmer.stemWord(word))
+        if len(_stems) >= MAX_STEMS:
+            _stems.clear()
+        _stems[word] = stem
+        return stem
 
 
 def analyse(text: str) -> list[str]:
     """The terms of ``text``, in order (a term repeats as often as it occurs)."""
-    return [_stem(w) for w in _WORD.findall(text.casefold()) if w not in STOP_WORDS]
+    get = _stems.get
+    return [get(w) or _stem(w) for w in _WORD.findall(text.casefold()) if w not in STOP_WORDS]
 
 
 def query_terms(text: str) -> tuple[str, ...]:
@@ -101,21 +105,36 @@ class FieldIndex:
             grown = np.zeros(max(top, 2 * len(self.lengths), 1024), dtype=np.int64)
             grown[: len(self.lengths)] = self.lengths
             self.lengths = grown
+        flat: list[str] = []  # every term of every text, text after text
+        owners: list[int] = []
+        counts: list[int] = []
         for label, text in zip(labels, texts, strict=True):
             terms = analyse(text) if text else []
-            if not terms:
-                continue
-            for term, tf in Counter(terms).items():
-                tid = self.vocab.get(term)
-                if tid is None:
-                    tid = self.vocab[term] = len(self.labels)
-                    self.labels.append(array("q"))
-                    self.tfs.append(array("q"))
-                self.labels[tid].append(label)
-                self.tfs[tid].append(tf)
-            self.lengths[label] = len(terms)
-            self.docs += 1
-            self.total += len(terms)
+            if terms:
+                flat.extend(terms)
+                owners.append(label)
+                counts.append(len(terms))
+        if not flat:
+            return
+        vocab = self.vocab
+        tids = np.fromiter(
+            (vocab.setdefault(t, len(vocab)) for t in flat), dtype=np.int64, count=len(flat)
+        )
+        for _ in range(len(vocab) - len(self.labels)):  # terms seen for the first time
+            self.labels.append(array("q"))
+            self.tfs.append(array("q"))
+        doc = np.repeat(np.asarray(owners, dtype=np.int64), counts)
+        # (term, label) pairs with their counts, ordered by term then label
+        pairs, tf = np.unique(tids * top + doc, return_counts=True)
+        term, label = np.divmod(pairs, top)
+        starts = np.flatnonzero(np.r_[True, term[1:] != term[:-1]])
+        ends = np.r_[starts[1:], len(term)]
+        for t, a, b in zip(term[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+            self.labels[t].frombytes(label[a:b].tobytes())
+            self.tfs[t].frombytes(tf[a:b].astype(np.int64).tobytes())
+        self.lengths[owners] = counts
+        self.docs += len(owners)
+        self.total += len(flat)
 
     def remove(self, labels: np.ndarray) -> None:
         labels = labels[labels < len(self.lengths)]
