@@ -231,7 +231,23 @@ class GetRequest(IndexRequest):
 
 
 class DeleteRequest(IndexRequest):
-    ids: list[str] = Field(description="[] deletes nothing")
+    ids: list[str] | None = Field(None, description="[] deletes nothing")
+    filters: dict[str, Any] | None = Field(
+        None,
+        description="vaultvec: delete the items this filter matches (among ids, if given); "
+        '{} needs "all": true',
+    )
+    all: bool | None = Field(
+        None, description='vaultvec: with filters {} or none, delete every item ("all": true)'
+    )
+
+
+class CountRequest(IndexRequest):
+    filters: dict[str, Any] | None = Field(None, description="null or {} counts every item")
+
+
+class CountResponse(Model):
+    count: int
 
 
 class QueryMetadataRequest(TextSearchFields, IndexRequest):

@@ -272,6 +272,27 @@ class Shard:
             self.snapshot(key)
         return len(present)
 
+    def delete_matching(
+        self, key: bytes, node: FilterNode | None, ids: Sequence[str] | None = None
+    ) -> int:
+        """Delete the items ``node`` matches (every item when None), only among ``ids`` when
+        given; durable like every write (one WAL record of the ids, before it is applied).
+        Returns how many were deleted."""
+        with self._lock.write():
+            self._ensure_loaded(key)
+            labels = self.items.matching(node)
+            if ids is not None:
+                labels = np.intersect1d(labels, self.items.find(ids)[1])
+            present = self.items.ids_of(labels)
+            if present:
+                self._log(key, persistence.encode_delete(present))
+                self._apply("delete", present)
+                self._wrote()
+            roll = self.log.due()
+        if roll:
+            self.snapshot(key)
+        return len(present)
+
     def _apply(self, op: str, payload: Any) -> None:
         if op == "upsert":
             batch: UpsertBatch = payload
@@ -411,6 +432,11 @@ class Shard:
             pos, ids = fulltext.top(scores, q.k, lambda p: items.ids_of(labels[p]))
             meta = items.metadata[labels[pos]].tolist() if q.with_metadata else None
             return TextHits(ids, scores[pos].tolist(), meta)
+
+    def count_matching(self, key: bytes, node: FilterNode | None) -> int:
+        """How many live items ``node`` matches (all when None), from the filter columns."""
+        with self._reading(key):
+            return self.items.selection(node)[1]
 
     def stats(self, key: bytes, footprint: bool = False) -> ShardStats:
         """Items and training version; with ``footprint`` also the resident size (a pass over

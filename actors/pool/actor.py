@@ -170,6 +170,16 @@ class ShardPool:
         with self._call("delete"):
             return self._shard(p).delete(key, ids)
 
+    def delete_matching(
+        self, p: Partition | str, key: bytes, node: FilterNode | None, ids: list[str] | None
+    ) -> int:
+        with self._call("delete_matching"):
+            return self._shard(p).delete_matching(key, node, ids)
+
+    def count_matching(self, p: Partition | str, key: bytes, node: FilterNode | None) -> int:
+        with self._call("count_matching"):
+            return self._shard(p).count_matching(key, node)
+
     def get(
         self,
         p: Partition | str,

@@ -48,6 +48,12 @@ class ShardCalls(Protocol):
 
     def delete(self, p: Partition | str, key: bytes, ids: list[str]) -> int: ...
 
+    def delete_matching(
+        self, p: Partition | str, key: bytes, node: FilterNode | None, ids: list[str] | None
+    ) -> int: ...
+
+    def count_matching(self, p: Partition | str, key: bytes, node: FilterNode | None) -> int: ...
+
     def get(
         self,
         p: Partition | str,

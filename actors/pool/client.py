@@ -121,6 +121,14 @@ class ShardClient:
     def delete(self, key: bytes, ids: list[str]) -> ObjectRef[int]:
         return self.handle.delete.remote(self._p, key, ids)
 
+    def delete_matching(
+        self, key: bytes, node: FilterNode | None, ids: list[str] | None = None
+    ) -> ObjectRef[int]:
+        return self.handle.delete_matching.remote(self._p, key, node, ids)
+
+    def count_matching(self, key: bytes, node: FilterNode | None) -> ObjectRef[int]:
+        return self.handle.count_matching.remote(self._p, key, node)
+
     async def get(
         self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool
     ) -> Fetched:

@@ -125,6 +125,13 @@ class _IndexPlans(Generic[R]):
             **text,
         )
 
+    def _delete(
+        self, ids: Sequence[str] | None, filters: dict[str, Any] | None, all: bool | None
+    ) -> Call:
+        return self._call(
+            "vectors/delete", ids=None if ids is None else list(ids), filters=filters, all=all
+        )
+
     def _train(
         self,
         n_lists: int | None,
@@ -252,8 +259,20 @@ class Index(_IndexPlans[Runner]):
         """Items by id (unknown ids omitted); ``vector`` comes back as a float32 array."""
         return self.client.run(calls.get(self._ref, ids, include))
 
-    def delete(self, ids: Sequence[str]) -> int:
-        return int(self.client.call(self._call("vectors/delete", ids=list(ids)))["deleted_count"])
+    def delete(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        filters: dict[str, Any] | None = None,
+        all: bool | None = None,
+    ) -> int:
+        """Delete ``ids``, or the items ``filters`` matches (among ``ids`` if given), or with
+        ``all=True`` every item; returns how many were deleted."""
+        return int(self.client.call(self._delete(ids, filters, all))["deleted_count"])
+
+    def count(self, filters: dict[str, Any] | None = None) -> int:
+        """How many items ``filters`` matches (every item without one), exact."""
+        return int(self.client.call(self._call("vectors/count", filters=filters))["count"])
 
     def train(
         self,
@@ -381,9 +400,19 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
     async def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
         return await self.client.run(calls.get(self._ref, ids, include))
 
-    async def delete(self, ids: Sequence[str]) -> int:
-        body = await self.client.call(self._call("vectors/delete", ids=list(ids)))
+    async def delete(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        filters: dict[str, Any] | None = None,
+        all: bool | None = None,
+    ) -> int:
+        body = await self.client.call(self._delete(ids, filters, all))
         return int(body["deleted_count"])
+
+    async def count(self, filters: dict[str, Any] | None = None) -> int:
+        body = await self.client.call(self._call("vectors/count", filters=filters))
+        return int(body["count"])
 
     async def train(
         self,

@@ -14,6 +14,8 @@ from serve_app.http.bodies import JSON, OPTIONS, Route
 from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
 from serve_app.http.gate import require_api_key
 from serve_app.models import (
+    CountRequest,
+    CountResponse,
     DeleteRequest,
     DeleteResponse,
     GetRequest,
@@ -84,6 +86,12 @@ async def delete(body: DeleteRequest) -> JSON:
 async def list_ids(body: IndexRequest) -> JSON:
     ids = await items.list_ids(services(), body)
     return JSON({"ids": ids, "count": len(ids)})
+
+
+@router.post("/count", response_model=CountResponse)
+async def count(body: CountRequest) -> JSON:
+    """vaultvec: how many items a filter matches (every item without one), exact."""
+    return JSON({"count": await items.count_matching(services(), body)})
 
 
 @router.post("/num_vectors", response_model=NumVectorsResponse)

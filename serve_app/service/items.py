@@ -11,7 +11,13 @@ from actors.errors import InvalidRequest
 from serve_app.access import context
 from serve_app.access.rights import Right
 from serve_app.gateway.engine import CachedView, Engine
-from serve_app.models import DeleteRequest, GetRequest, IndexRequest, QueryMetadataRequest
+from serve_app.models import (
+    CountRequest,
+    DeleteRequest,
+    GetRequest,
+    IndexRequest,
+    QueryMetadataRequest,
+)
 from serve_app.service import fulltext, schema
 from serve_app.service.deps import Services
 from serve_app.service.params import Limits, distinct, get_fields
@@ -41,15 +47,45 @@ async def fetch(
 
 
 async def delete(svc: Services, body: DeleteRequest) -> int:
-    """Delete ``body.ids``; how many of them the index held."""
-    Limits.of(svc.settings).check_ids(body.ids)
-    context.note(items=len(body.ids))
+    """Delete ``body.ids``, or the items ``body.filters`` matches (among the ids if given, every
+    item with ``all``); how many were deleted."""
+    by_filter = body.filters is not None or body.all
+    if body.ids is None and not by_filter:
+        raise InvalidRequest('give ids, filters, or "all": true')
+    if body.all and (body.ids is not None or body.filters):
+        raise InvalidRequest('"all": true deletes every item: send it without ids or filters')
+    if body.filters == {} and not body.all:
+        raise InvalidRequest('filters {} matches every item: send "all": true to delete them all')
+    ids = None
+    if body.ids is not None:
+        Limits.of(svc.settings).check_ids(body.ids)
+        ids = distinct(body.ids)
+        if any(not i for i in ids):
+            raise InvalidRequest("ids contains an empty id")
+        context.note(items=len(ids))
+    node = parse_filter(body.filters or None)
     cv = await open_index(svc.engine, body.index_name, body.index_key, Right.WRITE)
-    ids = distinct(body.ids)
-    context.note(items=len(ids))
-    if any(not i for i in ids):
-        raise InvalidRequest("ids contains an empty id")
-    return await svc.engine.delete(cv, ids)
+    engine = svc.engine
+    if not by_filter:
+        assert ids is not None
+        return await engine.delete(cv, ids)
+    if ids is not None:
+        if not ids:
+            return 0
+        parts = await engine.by_shard(cv, ids, lambda c, sub: c.delete_matching(cv.key, node, sub))
+    else:
+        parts = await engine.all_shards(cv, lambda c: c.delete_matching(cv.key, node))
+    deleted = sum(parts)
+    context.note(items=deleted)
+    return deleted
+
+
+async def count_matching(svc: Services, body: CountRequest) -> int:
+    """How many items ``body.filters`` matches (every item when null or {}), exact, from the
+    shards' filter columns."""
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.READ)
+    node = parse_filter(body.filters or None)
+    return sum(await svc.engine.all_shards(cv, lambda c: c.count_matching(cv.key, node)))
 
 
 async def list_ids(svc: Services, body: IndexRequest) -> list[str]:

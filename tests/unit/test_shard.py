@@ -319,3 +319,23 @@ def test_vectors_no_list_can_hold_are_refused_and_dropped_from_old_wals(tmp_path
     n = res.matched
     assert n == 22 and reloaded.stats(KEY).count == 22
     assert "ok1" in res.ids.tolist()[0] and reloaded.get(KEY, ["bad"], True, True, True).ids == []
+
+
+def test_delete_matching_is_durable_and_counts_come_from_the_filter(tmp_path: Path) -> None:
+    x = clustered(300, 8, seed=4)
+    shard = new_shard(tmp_path)
+    shard.upsert(KEY, batch(x, 0))
+    even = parse_filter({"even": True})
+    assert shard.count_matching(KEY, even) == 150
+    assert shard.count_matching(KEY, None) == 300
+    # among ids: only those the filter matches (id1 is odd, "nope" does not exist)
+    assert shard.delete_matching(KEY, even, ["id0", "id1", "id2", "nope"]) == 2
+    assert shard.delete_matching(KEY, parse_filter({"n": {"$lt": 100}})) == 98
+    want = {f"id{i}" for i in range(100, 300)}
+    assert set(shard.list_ids(KEY)) == want
+    # a fresh shard on the same store replays the deletes from the WAL
+    again = new_shard(tmp_path)
+    assert set(again.list_ids(KEY)) == want
+    assert again.count_matching(KEY, even) == 100
+    assert again.delete_matching(KEY, None) == 200
+    assert new_shard(tmp_path).count_matching(KEY, None) == 0
