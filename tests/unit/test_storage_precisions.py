@@ -1,15 +1,17 @@
 """CyborgDB's storage_precision tiers: how a create request maps each onto vaultvec's types,
-what describe reports back, and the faiss codes each tier's partitions keep (bytes a vector)."""
+what describe reports back, the faiss codes each tier's partitions keep (bytes a vector) and
+what automatic probing's calibration aims at with them."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import faiss
 import numpy as np
 import pytest
 
-from actors.control.training import TrainParams, train_template
+from actors.control.training import TrainParams, calibrate_nprobe, train_template
 from actors.engine.ivf import PartitionIndex, deserialize, new_ivf, serialize
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
@@ -112,3 +114,23 @@ def test_a_partition_of_each_tier_keeps_codes_of_its_bits(tier: str, data: np.nd
     assert (found[:, 0] == labels[:50]).mean() >= 0.95
     error = np.abs(part.reconstruct(labels[:50]) - q).max() / np.abs(q).max()
     assert error < {32: 1e-6, 16: 1e-3, 8: 0.02, 6: 0.05, 4: 0.2}[bits]
+
+
+@pytest.mark.parametrize("sq_bits", [16, 8, 6, 4])
+def test_calibration_aims_at_what_the_codes_find(sq_bits: int) -> None:
+    """The calibrated n_probes reach the target share of what probing every list finds with
+    the index's own codes, on queries calibration did not see; 4-bit codes, whose every-list
+    recall is far below 1, do not fall back to probing every list."""
+    data = clustered(3200, 32, n_clusters=30, seed=3, spread=0.5)
+    x, q = data[:3000], data[3000:]
+    template = train_template(x, "ivf", 40, None, None, TrainParams(max_iters=8), sq_bits=sq_bits)
+    table = dict(calibrate_nprobe(template, x, 0.95))
+    assert max(table.values()) < template.nlist
+    index = faiss.clone_index(template)
+    index.add(x)
+    index.nprobe = template.nlist
+    _, every = index.search(q, 10)
+    index.nprobe = table[10]
+    _, found = index.search(q, 10)
+    share = np.mean([len(np.intersect1d(f, e)) for f, e in zip(found, every)]) / 10
+    assert share >= 0.93
