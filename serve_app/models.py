@@ -242,6 +242,21 @@ class DeleteRequest(IndexRequest):
     )
 
 
+class UpdateRequest(IndexRequest):
+    ids: list[str] | None = Field(
+        None, description="the items to update (with filters: among them)"
+    )
+    filters: dict[str, Any] | None = Field(
+        None, description='update the items this filter matches; {} needs "all": true'
+    )
+    all: bool | None = Field(None, description="with filters {} or none: every item")
+    update: dict[str, Any] = Field(
+        default_factory=dict,
+        description='{"$set": {"a.b": value}, "$unset": ["c"]} on metadata (dot paths)',
+    )
+    contents: str | None = Field(None, description="replace the items' contents (null: keep)")
+
+
 class CountRequest(IndexRequest):
     filters: dict[str, Any] | None = Field(None, description="null or {} counts every item")
 
@@ -377,6 +392,10 @@ class UpsertResponse(StatusResponse):
 
 class DeleteResponse(StatusResponse):
     deleted_count: int
+
+
+class UpdateResponse(StatusResponse):
+    updated_count: int
 
 
 class QueryResult(Model):

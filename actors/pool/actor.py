@@ -30,6 +30,7 @@ from actors import constants
 from actors import metrics as m
 from actors.engine.filters import FilterNode
 from actors.engine.shard import Shard
+from actors.engine.updates import Update
 from actors.errors import IndexRetired
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
@@ -179,6 +180,17 @@ class ShardPool:
     def count_matching(self, p: Partition | str, key: bytes, node: FilterNode | None) -> int:
         with self._call("count_matching"):
             return self._shard(p).count_matching(key, node)
+
+    def update(
+        self,
+        p: Partition | str,
+        key: bytes,
+        node: FilterNode | None,
+        ids: list[str] | None,
+        update: Update,
+    ) -> int:
+        with self._call("update"):
+            return self._shard(p).update(key, node, ids, update)
 
     def get(
         self,

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from actors.engine.filters import FilterNode
+from actors.engine.updates import Update
 from actors.metrics import Family
 from actors.types import (
     Fetched,
@@ -53,6 +54,15 @@ class ShardCalls(Protocol):
     ) -> int: ...
 
     def count_matching(self, p: Partition | str, key: bytes, node: FilterNode | None) -> int: ...
+
+    def update(
+        self,
+        p: Partition | str,
+        key: bytes,
+        node: FilterNode | None,
+        ids: list[str] | None,
+        update: Update,
+    ) -> int: ...
 
     def get(
         self,

@@ -13,6 +13,7 @@ from ray import ObjectRef
 
 from actors import constants
 from actors.engine.filters import FilterNode
+from actors.engine.updates import Update
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
 from actors.types import (
@@ -128,6 +129,11 @@ class ShardClient:
 
     def count_matching(self, key: bytes, node: FilterNode | None) -> ObjectRef[int]:
         return self.handle.count_matching.remote(self._p, key, node)
+
+    def update(
+        self, key: bytes, node: FilterNode | None, ids: list[str] | None, update: Update
+    ) -> ObjectRef[int]:
+        return self.handle.update.remote(self._p, key, node, ids, update)
 
     async def get(
         self, key: bytes, ids: list[str], vectors: bool, metadata: bool, contents: bool

@@ -285,3 +285,20 @@ def get(index: dict[str, str], ids: Sequence[str], include: Sequence[str] | None
 
     body = {**index, "ids": [str(i) for i in ids], **drop_none(include=include)}
     return single(Call("/v1/vectors/get", body, decode=decode))
+
+
+def hybrid(
+    text: str | None,
+    fields: Sequence[str] | None,
+    weights: Sequence[float] | None,
+    require_all: bool | None,
+    **fusion: Any,
+) -> dict[str, Any]:
+    """A request's text-search fields (only those given)."""
+    return drop_none(
+        text=text,
+        text_fields=None if fields is None else list(fields),
+        text_field_weights=None if weights is None else [float(w) for w in weights],
+        require_all_terms=require_all,
+        **fusion,
+    )

@@ -47,23 +47,6 @@ class AsyncRunner(Limits, Protocol):
 R = TypeVar("R", bound=Limits)
 
 
-def hybrid(
-    text: str | None,
-    fields: Sequence[str] | None,
-    weights: Sequence[float] | None,
-    require_all: bool | None,
-    **fusion: Any,
-) -> dict[str, Any]:
-    """A request's text-search fields (only those given)."""
-    return calls.drop_none(
-        text=text,
-        text_fields=None if fields is None else list(fields),
-        text_field_weights=None if weights is None else [float(w) for w in weights],
-        require_all_terms=require_all,
-        **fusion,
-    )
-
-
 class _IndexPlans(Generic[R]):
     """What an index handle sends; ``Index`` runs the plans synchronously, ``AsyncIndex``
     awaits them."""
@@ -130,6 +113,25 @@ class _IndexPlans(Generic[R]):
     ) -> Call:
         return self._call(
             "vectors/delete", ids=None if ids is None else list(ids), filters=filters, all=all
+        )
+
+    def _update(
+        self,
+        ids: Sequence[str] | None,
+        filters: dict[str, Any] | None,
+        all: bool | None,
+        set: dict[str, Any] | None,
+        unset: Sequence[str] | None,
+        contents: str | None,
+    ) -> Call:
+        doc = calls.drop_none(**{"$set": set, "$unset": None if unset is None else list(unset)})
+        return self._call(
+            "vectors/update",
+            ids=None if ids is None else list(ids),
+            filters=filters,
+            all=all,
+            update=doc,
+            contents=contents,
         )
 
     def _train(
@@ -217,7 +219,7 @@ class Index(_IndexPlans[Runner]):
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),
-                **hybrid(
+                **calls.hybrid(
                     text,
                     text_fields,
                     text_field_weights,
@@ -251,7 +253,7 @@ class Index(_IndexPlans[Runner]):
             include,
             order_by,
             ascending,
-            hybrid(text, text_fields, text_field_weights, require_all_terms),
+            calls.hybrid(text, text_fields, text_field_weights, require_all_terms),
         )
         return list(self.client.call(call)["results"])
 
@@ -269,6 +271,23 @@ class Index(_IndexPlans[Runner]):
         """Delete ``ids``, or the items ``filters`` matches (among ``ids`` if given), or with
         ``all=True`` every item; returns how many were deleted."""
         return int(self.client.call(self._delete(ids, filters, all))["deleted_count"])
+
+    def update(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        filters: dict[str, Any] | None = None,
+        all: bool | None = None,
+        set: dict[str, Any] | None = None,
+        unset: Sequence[str] | None = None,
+        contents: str | None = None,
+    ) -> int:
+        """Change items in place, vectors untouched: ``set`` metadata fields (dot paths) to
+        values, ``unset`` others, replace ``contents``; of ``ids``, of the items ``filters``
+        matches (among ``ids`` if given), or with ``all=True`` of every item. Returns how many
+        were updated."""
+        call = self._update(ids, filters, all, set, unset, contents)
+        return int(self.client.call(call)["updated_count"])
 
     def count(self, filters: dict[str, Any] | None = None) -> int:
         """How many items ``filters`` matches (every item without one), exact."""
@@ -362,7 +381,7 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),
-                **hybrid(
+                **calls.hybrid(
                     text,
                     text_fields,
                     text_field_weights,
@@ -393,7 +412,7 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
             include,
             order_by,
             ascending,
-            hybrid(text, text_fields, text_field_weights, require_all_terms),
+            calls.hybrid(text, text_fields, text_field_weights, require_all_terms),
         )
         return list((await self.client.call(call))["results"])
 
@@ -409,6 +428,19 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
     ) -> int:
         body = await self.client.call(self._delete(ids, filters, all))
         return int(body["deleted_count"])
+
+    async def update(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        filters: dict[str, Any] | None = None,
+        all: bool | None = None,
+        set: dict[str, Any] | None = None,
+        unset: Sequence[str] | None = None,
+        contents: str | None = None,
+    ) -> int:
+        call = self._update(ids, filters, all, set, unset, contents)
+        return int((await self.client.call(call))["updated_count"])
 
     async def count(self, filters: dict[str, Any] | None = None) -> int:
         body = await self.client.call(self._call("vectors/count", filters=filters))

@@ -27,6 +27,8 @@ from serve_app.models import (
     QueryMetadataResponse,
     QueryRequest,
     QueryResponse,
+    UpdateRequest,
+    UpdateResponse,
     UpsertRequest,
     UpsertResponse,
 )
@@ -86,6 +88,13 @@ async def delete(body: DeleteRequest) -> JSON:
 async def list_ids(body: IndexRequest) -> JSON:
     ids = await items.list_ids(services(), body)
     return JSON({"ids": ids, "count": len(ids)})
+
+
+@router.post("/update", response_model=UpdateResponse)
+async def update(body: UpdateRequest) -> JSON:
+    """vaultvec: change items' metadata ($set/$unset) or contents in place, by ids or filter."""
+    n = await items.update(services(), body)
+    return JSON({"status": "success", "message": f"Updated {n} vectors", "updated_count": n})
 
 
 @router.post("/count", response_model=CountResponse)

@@ -3,10 +3,12 @@ count them, and the metadata-only search (query_metadata)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from actors.engine.filters import parse_filter
+from actors.engine.filters import FilterNode, parse_filter
+from actors.engine.updates import parse_update
 from actors.errors import InvalidRequest
 from serve_app.access import context
 from serve_app.access.rights import Right
@@ -17,6 +19,7 @@ from serve_app.models import (
     GetRequest,
     IndexRequest,
     QueryMetadataRequest,
+    UpdateRequest,
 )
 from serve_app.service import fulltext, schema
 from serve_app.service.deps import Services
@@ -46,38 +49,82 @@ async def fetch(
     return [found[i] for i in ids if i in found]
 
 
+@dataclass(frozen=True)
+class Target:
+    """Which items a delete or update by filter touches: those ``node`` matches (every item when
+    None), among ``ids`` when given."""
+
+    node: FilterNode | None
+    ids: list[str] | None
+
+    @classmethod
+    def of(
+        cls,
+        svc: Services,
+        ids: list[str] | None,
+        filters: dict[str, Any] | None,
+        all_items: bool | None,
+    ) -> Target:
+        if ids is None and filters is None and not all_items:
+            raise InvalidRequest('give ids, filters, or "all": true')
+        if all_items and (ids is not None or filters):
+            raise InvalidRequest('"all": true means every item: send it without ids or filters')
+        if filters == {} and not all_items:
+            raise InvalidRequest('filters {} matches every item: send "all": true for them all')
+        if ids is not None:
+            Limits.of(svc.settings).check_ids(ids)
+            ids = distinct(ids)
+            if any(not i for i in ids):
+                raise InvalidRequest("ids contains an empty id")
+            context.note(items=len(ids))
+        return cls(parse_filter(filters or None), ids)
+
+    async def each_shard(
+        self, engine: Engine, cv: CachedView, call: Callable[..., Awaitable[int]]
+    ) -> int:
+        """``call(shard, node, ids)`` on every shard that may hold a target; the answers summed."""
+        if self.ids is not None:
+            if not self.ids:
+                return 0
+            parts = await engine.by_shard(cv, self.ids, lambda c, sub: call(c, self.node, sub))
+        else:
+            parts = await engine.all_shards(cv, lambda c: call(c, self.node, None))
+        n = sum(parts)
+        context.note(items=n)
+        return n
+
+
 async def delete(svc: Services, body: DeleteRequest) -> int:
     """Delete ``body.ids``, or the items ``body.filters`` matches (among the ids if given, every
     item with ``all``); how many were deleted."""
-    by_filter = body.filters is not None or body.all
-    if body.ids is None and not by_filter:
-        raise InvalidRequest('give ids, filters, or "all": true')
-    if body.all and (body.ids is not None or body.filters):
-        raise InvalidRequest('"all": true deletes every item: send it without ids or filters')
-    if body.filters == {} and not body.all:
-        raise InvalidRequest('filters {} matches every item: send "all": true to delete them all')
-    ids = None
-    if body.ids is not None:
-        Limits.of(svc.settings).check_ids(body.ids)
-        ids = distinct(body.ids)
-        if any(not i for i in ids):
-            raise InvalidRequest("ids contains an empty id")
-        context.note(items=len(ids))
-    node = parse_filter(body.filters or None)
+    by_filter = body.filters is not None or bool(body.all)
+    target = Target.of(svc, body.ids, body.filters, body.all)
     cv = await open_index(svc.engine, body.index_name, body.index_key, Right.WRITE)
-    engine = svc.engine
     if not by_filter:
-        assert ids is not None
-        return await engine.delete(cv, ids)
-    if ids is not None:
-        if not ids:
-            return 0
-        parts = await engine.by_shard(cv, ids, lambda c, sub: c.delete_matching(cv.key, node, sub))
-    else:
-        parts = await engine.all_shards(cv, lambda c: c.delete_matching(cv.key, node))
-    deleted = sum(parts)
-    context.note(items=deleted)
-    return deleted
+        assert target.ids is not None
+        return await svc.engine.delete(cv, target.ids)
+    return await target.each_shard(
+        svc.engine, cv, lambda c, node, ids: c.delete_matching(cv.key, node, ids)
+    )
+
+
+async def update(svc: Services, body: UpdateRequest) -> int:
+    """Apply ``body.update`` ($set/$unset on metadata) and ``body.contents`` to the items
+    ``body.ids``/``body.filters`` select, vectors unchanged; how many were updated."""
+    limits = Limits.of(svc.settings)
+    change = parse_update(
+        body.update, body.contents, body.contents is not None, limits.metadata_bytes
+    )
+    target = Target.of(svc, body.ids, body.filters, body.all)
+    cv = await open_index(svc.engine, body.index_name, body.index_key, Right.WRITE)
+    if change.set_contents and cv.config.embedding_model:
+        raise InvalidRequest(
+            "update: this index embeds its items' contents into their vectors "
+            "(embedding_model): upsert the items again to change their contents"
+        )
+    return await target.each_shard(
+        svc.engine, cv, lambda c, node, ids: c.update(cv.key, node, ids, change)
+    )
 
 
 async def count_matching(svc: Services, body: CountRequest) -> int:

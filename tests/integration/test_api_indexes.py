@@ -107,6 +107,7 @@ def test_create_list_describe_delete_lifecycle(http):
             },
             "embedding_model": None,
             "metadata_schema": {},  # CyborgDB 0.18's: the policies given at create (none here)
+            "bm25": None,  # CyborgDB 0.18's: no full_text field
             "num_vectors": 0,
             "recall": None,  # vaultvec's live recall estimate: none until trained
         }
@@ -338,8 +339,15 @@ def test_create_accepts_every_sdk_generation(http, body, index_type, pq_dim, pq_
         ({"dimension": 8, "kms_name": "aws"}, "KMS"),
         ({"dimension": 8, "kms_name": "aws", "index_key": None}, "KMS"),  # as 0.17+ send it
         ({"dimension": 8, "index_key": None}, "index_key is required"),
-        ({"dimension": 8, "text_fields": ["body"]}, "full-text"),
-        ({"dimension": 8, "metadata_schema": {"body": {"full_text": True}}}, "full-text"),
+        (
+            {
+                "dimension": 8,
+                "text_fields": ["body"],
+                "metadata_schema": {"body": {"pattern": True}},
+            },
+            "full_text excludes pattern",
+        ),
+        ({"dimension": 8, "bm25_b": 0.5}, "need a full_text field"),
         ({"index_config": {"type": "ivfflat", "sq_bits": 16}}, "sq_bits"),
     ],
 )

@@ -110,8 +110,59 @@ def test_python_client_count_and_delete_by_filter(service) -> None:
             flt = {"cat": {"$lte": 2}}
             want = sum(matches(it["metadata"], flt) for it in items)
             assert idx.count(flt) == want and idx.count() == N
+            fives = sum(it["metadata"]["cat"] == 5 for it in items)
+            assert idx.update(filters={"cat": 5}, set={"seen": True}, unset=["tags"]) == fives
+            assert idx.count({"seen": True}) == fives and idx.count({"tags": "red"}) > 0
             assert idx.delete(filters=flt) == want
             assert idx.count() == N - want and idx.count(flt) == 0
             assert idx.delete(["i1", "i700"]) == (0 if matches(items[1]["metadata"], flt) else 1)
         finally:
             idx.drop()
+
+
+def test_update_changes_metadata_and_contents_in_place(loaded) -> None:
+    idx, docs = loaded
+    before = {g["id"]: g for g in idx.get(sorted(docs)[:50], include=["vector", "metadata"])}
+    flt = {"cat": 2}
+    want = {i for i, m in docs.items() if matches(m, flt)}
+    r = ok(
+        idx.post(
+            "vectors/update",
+            filters=flt,
+            update={"$set": {"status.reviewed": True, "grp": 9}, "$unset": ["tags"]},
+            contents="checked",
+        )
+    )
+    assert r["updated_count"] == len(want)
+    assert count(idx, {"grp": 9}) == len(want) == count(idx, {"status.reviewed": True})
+    after = {
+        g["id"]: g for g in idx.get(sorted(docs)[:50], include=["vector", "metadata", "contents"])
+    }
+    for i, g in after.items():
+        assert g["vector"] == before[i]["vector"]  # the vector as stored, untouched
+        if i in want:
+            m = dict(docs[i], grp=9, status={"reviewed": True})
+            m.pop("tags")
+            assert g["metadata"] == m and g["contents"] == "checked"
+        else:
+            assert g["metadata"] == docs[i]
+    # by ids, and ids with a filter
+    r = ok(idx.post("vectors/update", ids=["i1", "i2", "nope"], update={"$set": {"x": 1}}))
+    assert r["updated_count"] == 2
+    r = ok(
+        idx.post(
+            "vectors/update", ids=["i1", "i2"], filters={"x": 1, "cat": 1}, update={"$unset": ["x"]}
+        )
+    )
+    assert r["updated_count"] == 1 and count(idx, {"x": 1}) == 1
+    # the update applies to none if it cannot apply to one: name is a string, not an object
+    r = idx.post("vectors/update", all=True, update={"$set": {"name.first": "a"}})
+    assert "is not an object" in error(r, 422)["detail"]
+    assert count(idx, {"name.first": {"$exists": True}}) == 0
+    for body, words in (
+        ({"ids": ["i1"], "update": {"$inc": {"a": 1}}}, "unknown operator"),
+        ({"ids": ["i1"], "update": {}}, "changes nothing"),
+        ({"update": {"$set": {"a": 1}}}, "give ids, filters"),
+        ({"filters": {}, "update": {"$set": {"a": 1}}}, '"all": true'),
+    ):
+        assert words in str(error(idx.post("vectors/update", **body), 422)), body

@@ -1,0 +1,136 @@
+"""The reads of a shard: vector search, lookups by id, filter matches and counts, BM25, and the
+training sample. actors.engine.shard.Shard inherits them; they take its shared lock
+(``_reading``) and read the state it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from typing import Any
+
+import faiss
+import numpy as np
+
+from actors import constants
+from actors.engine import fulltext, search
+from actors.engine.filters import FilterNode
+from actors.engine.items import ItemTable
+from actors.engine.ivf import PartitionIndex
+from actors.engine.strings import StringBlock
+from actors.types import Fetched, SearchRequest, SearchResult, TextHits, TextQuery, TextStats
+
+
+class ShardReads:
+    items: ItemTable
+    partition: PartitionIndex | None
+    version: int
+    nprobe_table: tuple[tuple[int, int], ...]
+    threads: int
+
+    def _reading(self, key: bytes) -> AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def search(self, key: bytes, req: SearchRequest) -> SearchResult:
+        """Local top-k for a batch of queries, and how many live items match the filter."""
+        # OpenMP's thread count is per calling thread, and Ray runs calls on a pool of threads.
+        # Small batches search on this thread alone: starting OpenMP's team costs more than
+        # their scan, and concurrent single queries already use the cores.
+        nq, k = len(req.queries), req.k
+        faiss.omp_set_num_threads(self.threads if nq >= constants.BATCH_THREADS_MIN else 1)
+        with self._reading(key):
+            part = self.partition
+            if part is None or part.ntotal == 0:
+                dist = np.full((nq, k), np.inf, dtype=np.float32)
+                meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
+                measuring = req.probing.mode == "measure"
+                none = np.full((nq, k), np.nan) if measuring else None  # no result to need
+                empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
+                return replace(empty, needed=none)
+            bits, n_match = self.items.selection(req.filter)
+            scope = search.Scope(self.version, self.nprobe_table, n_match / max(1, len(self.items)))
+            found = search.strategy_for(req, self.version)(part, req, bits, scope)
+            dist, labels = found.distances, found.labels
+            dist[labels < 0] = np.inf
+            ids = self.items.gather_ids(labels)
+            meta = self.items.gather(labels, "metadata") if req.with_metadata else None
+            return SearchResult(
+                dist, ids, meta, self.version, found.scanned, found.needed, found.bucket, n_match
+            )
+
+    def get(
+        self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
+    ) -> Fetched:
+        with self._reading(key):
+            found, labels = self.items.find(ids)
+            vecs = None
+            if vectors and self.partition is not None:
+                vecs = self.partition.reconstruct(labels)
+                if self.items.norms.size and np.any(self.items.norms[labels]):
+                    vecs = vecs * self.items.norms[labels][:, None]
+            return Fetched(
+                ids=found,
+                vectors=vecs,
+                metadata=self.items.metadata[labels].tolist() if metadata else None,
+                contents=self.items.contents[labels].tolist() if contents else None,
+            )
+
+    def list_ids(self, key: bytes) -> list[str]:
+        with self._reading(key):
+            return self.items.all_ids()
+
+    def match_ids(
+        self,
+        key: bytes,
+        node: FilterNode | None,
+        limit: int | None,
+        order_by: str | None = None,
+        ascending: bool = True,
+    ) -> list[Any]:
+        """The items that ``node`` matches (all when None), at most ``limit``: their ids, or
+        with ``order_by`` their ``(sort key, id)`` pairs in order (ItemTable.order)."""
+        with self._reading(key):
+            labels = self.items.matching(node)
+            if order_by is None:
+                return self.items.ids_of(labels if limit is None else labels[:limit])
+            return self.items.order(labels, order_by, ascending)[:limit]
+
+    def text_stats(
+        self, key: bytes, fields: Sequence[str], terms: Sequence[str]
+    ) -> tuple[TextStats, ...]:
+        """Each full-text field's collection statistics for ``terms`` (actors.engine.fulltext)."""
+        with self._reading(key):
+            return tuple(self.items.text_field(f).stats(terms) for f in fields)
+
+    def text_search(self, key: bytes, q: TextQuery) -> TextHits:
+        """The best ``q.k`` BM25 matches among the items ``q.filter`` matches, descending
+        score, ties by id; scored with ``q.stats`` (index-wide) when given."""
+        with self._reading(key):
+            items = self.items
+            indexes = [items.text_field(f) for f in q.fields]
+            stats = q.stats or tuple(index.stats(q.terms) for index in indexes)
+            allowed = None
+            if q.filter is not None:
+                n = items.next_label
+                allowed = items.columns.evaluate(q.filter, n) & items.alive[:n]
+            labels, scores = fulltext.score(
+                indexes, q.weights, q.terms, stats, q.k1, q.b, q.require_all, allowed
+            )
+            pos, ids = fulltext.top(scores, q.k, lambda p: items.ids_of(labels[p]))
+            meta = items.metadata[labels[pos]].tolist() if q.with_metadata else None
+            return TextHits(ids, scores[pos].tolist(), meta)
+
+    def count_matching(self, key: bytes, node: FilterNode | None) -> int:
+        """How many live items ``node`` matches (all when None), from the filter columns."""
+        with self._reading(key):
+            return self.items.selection(node)[1]
+
+    def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
+        """Up to ``n`` live vectors in index space, for training."""
+        with self._reading(key):
+            labels = self.items.live_labels()
+            if self.partition is None or len(labels) == 0:
+                return np.zeros((0, 0), dtype=np.float32)
+            if len(labels) > n:
+                labels = np.sort(np.random.default_rng(seed).choice(labels, n, replace=False))
+            return self.partition.reconstruct(labels)
