@@ -37,11 +37,7 @@ class TextSearch:
     @classmethod
     def of(cls, body: TextSearchFields) -> TextSearch | None:
         """The body's text search; None without text (an empty text is none)."""
-        if not body.text:
-            if body.text_fields or body.text_field_weights or body.require_all_terms:
-                raise InvalidRequest(
-                    "text_fields, text_field_weights and require_all_terms need text"
-                )
+        if not body.text:  # as CyborgDB: the text knobs without text leave the query text-free
             return None
         fields = tuple(body.text_fields) if body.text_fields else None
         weights = tuple(body.text_field_weights) if body.text_field_weights else None
@@ -96,8 +92,6 @@ class Hybrid:
     def of(cls, body: HybridFields) -> Hybrid | None:
         search = TextSearch.of(body)
         if search is None:
-            if body.alpha is not None or body.rrf_k is not None or body.window_mult is not None:
-                raise InvalidRequest("alpha, rrf_k and window_mult need text (hybrid search)")
             return None
         alpha = ALPHA if body.alpha is None else float(body.alpha)
         rrf_k = RRF_K if body.rrf_k is None else float(body.rrf_k)

@@ -201,7 +201,7 @@ def test_query_metadata_orders_by_a_field_as_mongodb_sorts(dataset, path, ascend
 def test_query_metadata_refuses_what_it_cannot_do(dataset):
     idx = dataset[0]
     for extra, named in (
-        ({"text": "alpha"}, "BM25"),
+        ({"text": "alpha"}, "no full_text field"),
         ({"order_by": {"n": 2}}, "order_by"),
         ({"order_by": {"n": 1, "x": 1}}, "order_by"),
         ({"order_by": ""}, "order_by"),

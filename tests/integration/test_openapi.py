@@ -21,6 +21,8 @@ ROUTES = {
     ("post", "/v1/vectors/query"): ("QueryRequest", "QueryResponse"),
     ("post", "/v1/vectors/get"): ("GetRequest", "GetResponse"),
     ("post", "/v1/vectors/delete"): ("DeleteRequest", "DeleteResponse"),
+    ("post", "/v1/vectors/update"): ("UpdateRequest", "UpdateResponse"),
+    ("post", "/v1/vectors/count"): ("CountRequest", "CountResponse"),
     ("post", "/v1/vectors/list_ids"): ("IndexRequest", "ListIdsResponse"),
     ("post", "/v1/vectors/num_vectors"): ("IndexRequest", "NumVectorsResponse"),
     ("post", "/v1/vectors/query_metadata"): ("QueryMetadataRequest", "QueryMetadataResponse"),
