@@ -41,6 +41,8 @@ BLOCKS = curl_blocks()
 
 
 def block_id(block: str) -> str:
+    if "text_fields" in block:
+        return "full-text-and-filters"
     return "text-search" if "embedding_model" in block else "first-steps"
 
 
@@ -96,7 +98,7 @@ def shell(service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def test_readme_has_curl_examples():
-    assert [block_id(b) for b in BLOCKS] == ["first-steps", "text-search"]
+    assert [block_id(b) for b in BLOCKS] == ["first-steps", "text-search", "full-text-and-filters"]
     for block in BLOCKS:
         assert BASE_URL in block
         calls = re.split(r"(?:^|\s)curl\s", block)[1:]
