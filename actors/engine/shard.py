@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -237,32 +237,26 @@ class Shard(ShardReads):
             raise InvalidRequest(
                 f"item {batch.ids[bad[0]]!r}: vector norm above {MAX_NORM:.3g} or not finite"
             )
-        with self._lock.write():
-            self._ensure_loaded(key)
+
+        def check() -> tuple[str, Any]:
             if self.partition is not None and batch.vectors.shape[1] != self.partition.dimension:
                 raise InvalidRequest(
                     f"vector dimension {batch.vectors.shape[1]} does not match the index dimension "
                     f"{self.partition.dimension}"
                 )
-            self._log(key, persistence.encode_upsert(batch))
-            self._apply("upsert", batch)
-            self._wrote()
-            roll = self.log.due()
-        if roll:
-            self.snapshot(key)
+            return "upsert", batch
+
+        self._write(key, check)
         return self.stats(key)
 
     def delete(self, key: bytes, ids: list[str]) -> int:
-        with self._lock.write():
-            self._ensure_loaded(key)
-            present = self.items.present(ids)
-            if present:
-                self._log(key, persistence.encode_delete(present))
-                self._apply("delete", present)
-                self._wrote()
-            roll = self.log.due()
-        if roll:
-            self.snapshot(key)
+        present: list[str] = []
+
+        def chosen() -> tuple[str, Any] | None:
+            present.extend(self.items.present(ids))
+            return ("delete", present) if present else None
+
+        self._write(key, chosen)
         return len(present)
 
     def delete_matching(
@@ -271,19 +265,13 @@ class Shard(ShardReads):
         """Delete the items ``node`` matches (every item when None), only among ``ids`` when
         given; durable like every write (one WAL record of the ids, before it is applied).
         Returns how many were deleted."""
-        with self._lock.write():
-            self._ensure_loaded(key)
-            labels = self.items.matching(node)
-            if ids is not None:
-                labels = np.intersect1d(labels, self.items.find(ids)[1])
-            present = self.items.ids_of(labels)
-            if present:
-                self._log(key, persistence.encode_delete(present))
-                self._apply("delete", present)
-                self._wrote()
-            roll = self.log.due()
-        if roll:
-            self.snapshot(key)
+        present: list[str] = []
+
+        def chosen() -> tuple[str, Any] | None:
+            present.extend(self.items.ids_of(self._matching(node, ids)))
+            return ("delete", present) if present else None
+
+        self._write(key, chosen)
         return len(present)
 
     def update(
@@ -296,21 +284,42 @@ class Shard(ShardReads):
         """Apply ``update`` to the items ``node`` matches (every item when None), only among
         ``ids`` when given: their vectors as stored, new metadata (and contents), as one
         upsert written to the WAL before it is applied. Returns how many were updated."""
+        count = 0
+
+        def rewritten() -> tuple[str, Any] | None:
+            nonlocal count
+            labels = self._matching(node, ids)
+            if not len(labels) or self.partition is None:
+                return None
+            count = len(labels)
+            return "upsert", self._updated(labels, update)
+
+        self._write(key, rewritten)
+        return count
+
+    def _matching(self, node: FilterNode | None, ids: Sequence[str] | None) -> np.ndarray:
+        """Labels of the items ``node`` matches (all when None), among ``ids`` when given."""
+        labels = self.items.matching(node)
+        if ids is not None:
+            labels = np.intersect1d(labels, self.items.find(ids)[1])
+        return labels
+
+    def _write(self, key: bytes, prepare: Callable[[], tuple[str, Any] | None]) -> None:
+        """One durable write: under the write lock ``prepare()`` names it, (op, payload) or
+        None for nothing to do; it is sealed into the WAL, then applied; the WAL rolls into a
+        snapshot past its bound."""
         with self._lock.write():
             self._ensure_loaded(key)
-            labels = self.items.matching(node)
-            if ids is not None:
-                labels = np.intersect1d(labels, self.items.find(ids)[1])
-            if not len(labels) or self.partition is None:
-                return 0
-            batch = self._updated(labels, update)
-            self._log(key, persistence.encode_upsert(batch))
-            self._apply("upsert", batch)
-            self._wrote()
+            write = prepare()
+            if write is not None:
+                op, payload = write
+                encode = persistence.encode_upsert if op == "upsert" else persistence.encode_delete
+                self._log(key, encode(payload))
+                self._apply(op, payload)
+                self._wrote()
             roll = self.log.due()
         if roll:
             self.snapshot(key)
-        return len(labels)
 
     def _updated(self, labels: np.ndarray, update: updates.Update) -> UpsertBatch:
         """The upsert that rewrites ``labels``'s items with ``update`` applied (every new
