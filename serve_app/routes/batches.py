@@ -19,18 +19,17 @@ from fastapi import APIRouter, Depends
 from starlette.responses import Response
 
 from serve_app import telemetry as metrics
-from serve_app.http.bodies import JSON, Route
-from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
-from serve_app.http.gate import require_api_key
-from serve_app.models import (
+from serve_app.batch_models import (
     ArraysQueryRequest,
     ArraysQueryResponse,
     ArraysUpsertRequest,
     BinaryQueryRequest,
     BinaryUpsertRequest,
-    QueryResponse,
-    UpsertResponse,
 )
+from serve_app.http.bodies import JSON, Route
+from serve_app.http.errors_doc import BODY_ROUTE_ERRORS
+from serve_app.http.gate import require_api_key
+from serve_app.models import QueryResponse, UpsertResponse
 from serve_app.replica import services
 from serve_app.service import fulltext, upserts
 from serve_app.service import matrices as arrays

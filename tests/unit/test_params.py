@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
 from actors.types import IndexConfig
+from serve_app.batch_models import ArraysQueryRequest
 from serve_app.gateway.hits import Query
-from serve_app.models import ArraysQueryRequest, Item, QueryRequest, UpsertRequest
+from serve_app.models import Item, QueryRequest, UpsertRequest
 from serve_app.service.params import (
     COMPACT_INCLUDE,
     QUERY_INCLUDE,
