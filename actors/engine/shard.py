@@ -250,14 +250,7 @@ class Shard(ShardReads):
         return self.stats(key)
 
     def delete(self, key: bytes, ids: list[str]) -> int:
-        present: list[str] = []
-
-        def chosen() -> tuple[str, Any] | None:
-            present.extend(self.items.present(ids))
-            return ("delete", present) if present else None
-
-        self._write(key, chosen)
-        return len(present)
+        return self.delete_matching(key, None, ids)
 
     def delete_matching(
         self, key: bytes, node: FilterNode | None, ids: Sequence[str] | None = None
@@ -299,10 +292,12 @@ class Shard(ShardReads):
 
     def _matching(self, node: FilterNode | None, ids: Sequence[str] | None) -> np.ndarray:
         """Labels of the items ``node`` matches (all when None), among ``ids`` when given."""
-        labels = self.items.matching(node)
-        if ids is not None:
-            labels = np.intersect1d(labels, self.items.find(ids)[1])
-        return labels
+        if ids is None:
+            return self.items.matching(node)
+        among = np.unique(self.items.find(ids)[1])  # by id: no pass over every item
+        if node is None:
+            return among
+        return np.intersect1d(self.items.matching(node), among)
 
     def _write(self, key: bytes, prepare: Callable[[], tuple[str, Any] | None]) -> None:
         """One durable write: under the write lock ``prepare()`` names it, (op, payload) or
