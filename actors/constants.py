@@ -48,6 +48,11 @@ COMPACT_DEAD_SHARE = 0.25
 COMPACT_DEAD_MIN = 4096
 #: Up to this many labels a StringColumn gathers one by one, cheaper than the vectorised gather.
 STRINGS_SMALL_GET = 64
+#: Cursors (actors.engine.idorder): items written since a shard sorted its ids are sorted per
+#: page until they outnumber this or an eighth of the sorted ones; then the order is rebuilt.
+ID_ORDER_TAIL_MIN = 4096
+#: A shard's part of a backup is sealed in chunks of this size (actors.engine.shard_backup).
+BACKUP_CHUNK_BYTES = 2 << 20
 #: Dead bytes a StringColumn tolerates beyond the live ones: a small column is not compacted.
 STRINGS_COMPACT_SLACK = 1 << 16
 #: Recent id-map entries always tolerated before a merge: a small shard does not merge per write.

@@ -61,6 +61,11 @@ class IndexExists(VaultvecError):
     default_detail = "index already exists"
 
 
+class IndexRestoring(VaultvecError):
+    status_code = 409
+    default_detail = "the index is being restored from a backup"
+
+
 class PayloadTooLarge(VaultvecError):
     status_code = 413
     default_detail = "request body too large"

@@ -118,6 +118,19 @@ def auto_nprobe(table: tuple[tuple[int, int], ...], n_lists: int, top_k: int) ->
     return min(max(scaled, nprobe_max), n_lists)
 
 
+@dataclass(frozen=True, repr=False)
+class BackupSource:
+    """Where the chunks of a restore come from (actors.engine.shard_backup): the backed-up
+    index's name, the backup's id, and that index's data key, which opens them."""
+
+    index_name: str
+    backup_id: str
+    data_key: bytes
+
+    def __repr__(self) -> str:  # never the key
+        return f"BackupSource({self.index_name!r}, {self.backup_id!r})"
+
+
 @dataclass(frozen=True)
 class KeyRotation:
     """A key rotation under way (actors.control.rotation): the next key epoch's salt and verifier."""
@@ -162,6 +175,9 @@ class IndexMeta:
     retired_epoch: int = -1  # >= 0: an earlier epoch whose blobs are still being deleted
     owner: str = ""  # the name of the API key that created it (quotas); "" before names
     users: tuple[UserGrant, ...] = ()  # per-index user keys (actors.storage.users)
+    # The id of the backup being restored into the index (serve_app.service.backups): until the
+    # restore commits, the index answers nothing but the restore and its deletion.
+    restoring: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""Data management at scale: count, update and delete by filter on a live vaultvec.
+"""Data management at scale: a cursor's scan, backup, restore and export, then count, update
+and delete by filter, on a live vaultvec.
 
 One default server, one index of N clustered vectors (128 dims) with metadata
 ``{cat: i % 100, grp: i % 10, flag: i % 2}`` upserted through the Python client, trained; then,
-each timed once: count by a 10% filter, update by a 10% filter ($set of a field, vectors
-untouched), count of the updated field, delete by a 1% filter and by a 10% filter, and the
-shard processes' private memory (RssAnon) before and after.
+each timed once: every id through list_ids pages of 10,000; `vaultvec backup` of the index to a
+file and `vaultvec restore` of it under another name (MB/s of the file); `vaultvec export` to
+.npy; count by a 10% filter, update by a 10% filter ($set of a field, vectors untouched), count
+of the updated field, delete by a 1% filter and by a 10% filter; and the shard processes'
+private memory (RssAnon) before and after each.
 
 Usage: .venv/bin/python benchmarks/data_ops.py [--n 1000000]
 """
@@ -13,10 +16,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import common
 
+from cluster.bulk import backup as tool
+from cluster.bulk.export import export
+from cluster.client.calls import Call
 from tests.helpers import clustered
 
 
@@ -60,6 +68,34 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(rows[-1], flush=True)
 
+        def scan() -> int:
+            got, cursor = 0, None
+            while True:
+                extra = {"cursor": cursor} if cursor else {}
+                body = {"index_name": "ops", "index_key": idx.key, "limit": 10_000, **extra}
+                page = client.call(Call("/v1/vectors/list_ids", body))
+                got += page["count"]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    return got
+
+        timed("list_ids by cursor, pages of 10,000", scan, n)
+        with tempfile.TemporaryDirectory(dir=".") as tmp:
+            out = Path(tmp) / "ops.vvb"
+            timed("backup", lambda: len(tool.backup(client, "ops", idx.key, out)["chunks"]), 1)
+            size = out.stat().st_size
+            backup_s = float(rows[-1][2])
+            timed("restore", lambda: tool.restore(client, out, idx.key, name="ops-copy"), n)
+            restore_s = float(rows[-1][2])
+            copy = client.index("ops-copy", idx.key)
+            assert copy.get(["v7"], include=["vector"])[0]["vector"].tolist() == x[7].tolist()
+            copy.drop()
+            timed("export .npy", lambda: export(idx, Path(tmp) / "ops.npy", page_size=5000), n)
+            print(
+                f"backup file {size / 1e6:,.0f} MB ({size / n:.0f} B an item): backup "
+                f"{size / 1e6 / backup_s:,.0f} MB/s, restore {size / 1e6 / restore_s:,.0f} MB/s",
+                flush=True,
+            )
         timed("count {grp: 3} (10%)", lambda: idx.count({"grp": 3}), n // 10)
         timed(
             "update {grp: 3} $set (10%)",

@@ -27,8 +27,8 @@ from serve_app.http.direct import DirectRoutes
 from serve_app.http.gate import ApiKeyGate
 from serve_app.http.trim import counted_call
 from serve_app.models import ErrorResponse
+from serve_app.routes import backups, indexes, ray_transport, service, vectors
 from serve_app.routes import batches as array_routes
-from serve_app.routes import indexes, ray_transport, service, vectors
 from serve_app.settings import Settings
 
 log = logging.getLogger("vaultvec.app")
@@ -59,6 +59,7 @@ def create_app() -> FastAPI:
         (array_routes.router, "vectors"),
         (indexes.router, "indexes"),
         (indexes.models_router, "indexes"),
+        (backups.router, "indexes"),
         (service.router, "service"),
     )
     for router, tag in tagged:

@@ -38,6 +38,7 @@ IndexKey = Annotated[
 ]
 Vector = list[float]
 Matrix = list[list[float]]
+PAGE_LIMIT = 10_000  # items a cursor's page may ask for
 
 
 def read_vectors(value: Any, strict: ValidatorFunctionWrapHandler) -> Any:
@@ -265,7 +266,26 @@ class CountResponse(Model):
     count: int
 
 
-class QueryMetadataRequest(TextSearchFields, IndexRequest):
+class Paged(Model):
+    """vaultvec: one page of a scan in id order (serve_app.service.cursors)."""
+
+    limit: int | None = Field(
+        None,
+        ge=1,
+        le=PAGE_LIMIT,
+        description="one page of at most this many items, in id order, and a next_cursor; "
+        "null = every item at once (no cursor)",
+    )
+    cursor: str | None = Field(
+        None, description="the next_cursor of the previous page (needs limit); null = first page"
+    )
+
+
+class ListIdsRequest(Paged, IndexRequest):
+    pass
+
+
+class QueryMetadataRequest(Paged, TextSearchFields, IndexRequest):
     filters: dict[str, Any] | None = Field(None, description="null or {} matches every item")
     top_k: int | None = Field(None, ge=1, description="at most this many ids; null = all")
     include: list[GetInclude] | None = Field(
@@ -428,6 +448,9 @@ class GetResponse(Model):
 class ListIdsResponse(Model):
     ids: list[str]
     count: int
+    next_cursor: str | None = Field(
+        None, description="with limit: the cursor of the next page; null on the last page"
+    )
 
 
 class NumVectorsResponse(StatusResponse):
@@ -438,6 +461,9 @@ class QueryMetadataResponse(Model):
     results: list[GetResult]
     ids: list[str]
     count: int
+    next_cursor: str | None = Field(
+        None, description="with limit: the cursor of the next page; null on the last page"
+    )
 
 
 class ErrorResponse(Model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import numpy as np
 from ray.exceptions import RayTaskError
 
 from actors.control.options import IndexView
@@ -48,9 +49,20 @@ class ControlClient:
         return await answer(self.handle.view.remote(name, data_key))
 
     async def create_index(
-        self, meta: IndexMeta, data_key: bytes, cfg: IndexConfig, max_per_owner: int = 0
+        self,
+        meta: IndexMeta,
+        data_key: bytes,
+        cfg: IndexConfig,
+        max_per_owner: int = 0,
+        template: np.ndarray | None = None,
     ) -> None:
-        await answer(self.handle.create_index.remote(meta, data_key, cfg, max_per_owner))
+        await answer(self.handle.create_index.remote(meta, data_key, cfg, max_per_owner, template))
+
+    async def template(self, name: str, data_key: bytes) -> np.ndarray | None:
+        return await answer(self.handle.template.remote(name, data_key))
+
+    async def restored(self, name: str, data_key: bytes, backup_id: str) -> IndexMeta:
+        return await answer(self.handle.restored.remote(name, data_key, backup_id))
 
     async def delete_index(self, name: str, data_key: bytes) -> None:
         await answer(self.handle.delete_index.remote(name, data_key))

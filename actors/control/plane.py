@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import faiss
+import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -25,9 +26,8 @@ from actors import constants
 from actors.control import rotation, trainer
 from actors.control.catalog import Catalog
 from actors.control.options import EngineOptions, IndexView, default_shards
-from actors.control.training import (
-    TrainParams,
-)
+from actors.control.plane_metrics import PlaneMetrics
+from actors.control.training import TrainParams
 from actors.engine.ivf import centroids_of, deserialize
 from actors.errors import (
     IndexExists,
@@ -37,7 +37,6 @@ from actors.errors import (
     UserNotFound,
     VaultvecError,
 )
-from actors.metrics import INDEX_ID, ControlMetrics, Family, ServiceReport, gauge, keyed
 from actors.pool.client import ShardClient
 from actors.pool.placement import Pool, place
 from actors.process import heap
@@ -50,7 +49,7 @@ NAMESPACE = "vaultvec"
 CONTROL_NAME = "vaultvec-control"
 
 
-class ControlPlane:
+class ControlPlane(PlaneMetrics):
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
         self.store: Store = open_store(options.store_url)
@@ -97,11 +96,17 @@ class ControlPlane:
         return meta
 
     def create_index(
-        self, meta: IndexMeta, key: bytes, cfg: IndexConfig, max_per_owner: int = 0
+        self,
+        meta: IndexMeta,
+        key: bytes,
+        cfg: IndexConfig,
+        max_per_owner: int = 0,
+        template: np.ndarray | None = None,
     ) -> None:
         """Persist a new index, its partitions placed on the pool; ``cfg.n_shards == 0`` picks
         the default. Starts no process (the pool's actors run already). ``max_per_owner``
-        (0: none): the indexes ``meta.owner`` (an API key's name) may hold."""
+        (0: none): the indexes ``meta.owner`` (an API key's name) may hold. ``template``: the
+        trained template of ``cfg.version`` (an index restored from a backup)."""
         if cfg.n_shards == 0:
             cfg = cfg.evolve(n_shards=default_shards())
         members = self.pool.members()  # Unavailable if the pool cannot start
@@ -121,6 +126,8 @@ class ControlPlane:
                 )
             meta = replace(meta, placement=place(meta.index_id, cfg.n_shards, members, self._load))
             persistence.write_config(self.store, key, cfg)
+            if template is not None:
+                persistence.write_template(self.store, key, cfg, template)
             persistence.write_meta(self.store, meta)  # last: the index exists once this lands
             self._catalog[meta.name] = meta
             self._configs[meta.name] = cfg
@@ -185,6 +192,17 @@ class ControlPlane:
                 centroids = centroids_of(deserialize(template))
         return IndexView(meta, cfg, self._partitions(meta, cfg), centroids)
 
+    def template(self, name: str, key: bytes) -> np.ndarray | None:
+        """The trained template of the index's current version (None before training)."""
+        return persistence.read_template(self.store, key, self.config(name, key))
+
+    def restored(self, name: str, key: bytes, backup_id: str) -> IndexMeta:
+        """End the restore of ``backup_id`` into the index: from now on it answers."""
+        meta = self._check_key(name, key)
+        if meta.restoring != backup_id:
+            raise InvalidRequest(f"index {name!r} is not being restored from backup {backup_id}")
+        return self.update_meta(meta, lambda m: replace(m, restoring=""))
+
     def set_dimension(self, name: str, key: bytes, dimension: int) -> IndexConfig:
         """Fix an index's dimension at its first upsert (first writer wins)."""
         with self._lock:
@@ -220,62 +238,6 @@ class ControlPlane:
 
     def stop_pool(self) -> None:
         self.pool.stop()
-
-    # -- metrics (actors.metrics) -----------------------------------------------------------
-    def report_metrics(self, replica: str, families: list[Family]) -> None:
-        """A gateway replica's series, pushed every few seconds."""
-        self._metrics().gateway(replica, families)
-
-    def service_metrics(
-        self, replica: str, families: list[Family], timeout_s: float = 10.0
-    ) -> ServiceReport:
-        """The whole service's series for a scrape at gateway ``replica`` (whose own series
-        come along): the other gateways' latest, the control plane's, every pool actor's."""
-        state = self._metrics()
-        state.gateway(replica, families)
-        try:
-            handles = [self.pool.handle(a) for a in self.pool.members()]
-        except VaultvecError:  # the pool cannot start: report the rest
-            handles = []
-        refs = [h.metrics.remote() for h in handles]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
-        pools = []
-        for ref in ready:
-            with contextlib.suppress(RayActorError):
-                pools.append(ray.get(ref))
-        with self._lock:
-            names = {meta.index_id: name for name, meta in self._catalog.items()}
-        return ServiceReport(
-            state.gateways_except(replica),
-            state.registry.snapshot(),
-            pools,
-            names,
-            len(refs) - len(pools),
-        )
-
-    def _metrics(self) -> ControlMetrics:
-        """Created on first use (a gateway's first report, or a training's end)."""
-        with self._lock:
-            state: ControlMetrics | None = self.__dict__.get("_metrics_state")
-            if state is None:
-                state = self._metrics_state = ControlMetrics(self._catalog_metrics)
-            return state
-
-    def _catalog_metrics(self) -> list[Family]:
-        with self._lock:
-            shards = {meta.index_id: len(meta.placement) for meta in self._catalog.values()}
-            running = {self._catalog[n].index_id for n in self._training if n in self._catalog}
-        return [
-            gauge(
-                "vaultvec_index_shards", "partitions (shards) per index", (INDEX_ID,), keyed(shards)
-            ),
-            gauge(
-                "vaultvec_index_training",
-                "1 while the index is training",
-                (INDEX_ID,),
-                {(i,): float(i in running) for i in shards},
-            ),
-        ]
 
     def _record_training(self, name: str, started: float, future: Future[IndexConfig]) -> None:
         meta = self._catalog.get(name)

@@ -17,6 +17,7 @@ import orjson
 from actors.engine.filters import FilterNode, MetadataColumns
 from actors.engine.fulltext import FieldIndex, TextIndex
 from actors.engine.idmap import IdMap
+from actors.engine.idorder import IdOrder
 from actors.engine.strings import StringBlock, StringColumn
 from actors.storage.codec import pack_strings, unpack_strings
 
@@ -46,6 +47,7 @@ class ItemTable:
         self.alive = np.empty(0, dtype=bool)
         self.columns = MetadataColumns()
         self.text = TextIndex()  # full-text postings, per field on first use
+        self.id_order: IdOrder | None = None  # live labels by id, for cursors (on first use)
 
     def __len__(self) -> int:
         return len(self.id_map)
@@ -81,6 +83,24 @@ class ItemTable:
             return self.live_labels()
         mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
         return np.flatnonzero(mask).astype(np.int64)
+
+    def page(self, node: FilterNode | None, after: str, limit: int) -> list[str]:
+        """The first ``limit`` ids above ``after``, in id order, of the live items ``node``
+        matches (every live item when None): one page of a cursor's scan."""
+        n = self.next_label
+        order = self.id_order
+        if order is None or order.stale(n):
+            live = self.live_labels()
+            order = self.id_order = IdOrder(live, self.ids_of(live), n)
+        allowed = self.alive[:n]
+        if node is not None:
+            allowed = self.columns.evaluate(node, n) & allowed
+        return order.page(allowed, after, limit, self._id_of, self.ids_of)
+
+    def _id_of(self, label: int) -> str:
+        found = self.ids.get(np.array([label], dtype=np.int64)).flat()[0]
+        assert found is not None, "a live label has an id"
+        return found
 
     def text_field(self, path: str) -> FieldIndex:
         """The full-text postings of the metadata field at ``path`` (built on first use)."""

@@ -28,6 +28,7 @@ from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
 from actors.engine.rwlock import RWLock
+from actors.engine.shard_backup import ShardBackup
 from actors.engine.shard_keys import KeyRotated, ShardKeys
 from actors.engine.shard_log import ShardLog
 from actors.engine.shard_reads import ShardReads
@@ -44,7 +45,7 @@ from actors.types import (
 log = logging.getLogger("vaultvec.shard")
 
 
-class Shard(ShardReads):
+class Shard(ShardReads, ShardBackup):
     """One partition (index, shard number); a pool actor (actors.pool) hosts many."""
 
     def __init__(
@@ -121,12 +122,14 @@ class Shard(ShardReads):
         self.keys.open_epoch(self.store, self.name, self.index_id, self.shard_no, key)
         frame = self.log.snapshot(key)
         if frame is not None:
-            state = shard_state.restore(frame)
-            self.version, self.nprobe_table = state.version, state.nprobe_table
-            self.items, self.partition, self.seq = state.items, state.partition, state.seq
+            self._install(shard_state.restore(frame))
         self.log.replay(key, self._replayed)
         self._loaded = True
         heap.trim()  # the snapshot frame, WAL records and outgrown lists were freed
+
+    def _install(self, state: shard_state.State) -> None:
+        self.version, self.nprobe_table = state.version, state.nprobe_table
+        self.items, self.partition, self.seq = state.items, state.partition, state.seq
 
     def _replayed(self, op: str, payload: Any) -> None:
         if isinstance(payload, UpsertBatch):

@@ -86,10 +86,14 @@ class ShardReads:
         limit: int | None,
         order_by: str | None = None,
         ascending: bool = True,
+        after: str | None = None,
     ) -> list[Any]:
         """The items that ``node`` matches (all when None), at most ``limit``: their ids, or
-        with ``order_by`` their ``(sort key, id)`` pairs in order (ItemTable.order)."""
+        with ``order_by`` their ``(sort key, id)`` pairs in order (ItemTable.order); with
+        ``after`` (a cursor's page) the ids above it, in id order (ItemTable.page)."""
         with self._reading(key):
+            if after is not None:
+                return self.items.page(node, after, limit or len(self.items))
             labels = self.items.matching(node)
             if order_by is None:
                 return self.items.ids_of(labels if limit is None else labels[:limit])

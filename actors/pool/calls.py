@@ -20,6 +20,7 @@ from actors.engine.filters import FilterNode
 from actors.engine.updates import Update
 from actors.metrics import Family
 from actors.types import (
+    BackupSource,
     Fetched,
     Partition,
     PoolStats,
@@ -74,7 +75,13 @@ class ShardCalls(Protocol):
         contents: bool,
     ) -> Fetched: ...
 
-    def list_ids(self, p: Partition | str, key: bytes) -> list[str]: ...
+    def backup(
+        self, p: Partition | str, key: bytes, backup_id: str
+    ) -> Iterator[tuple[int, int, bytes]]: ...
+
+    def restore_chunk(
+        self, p: Partition | str, key: bytes, source: BackupSource, n: int, total: int, chunk: bytes
+    ) -> int | None: ...
 
     def match_ids(
         self,
@@ -84,6 +91,7 @@ class ShardCalls(Protocol):
         limit: int | None,
         order_by: str | None,
         ascending: bool,
+        after: str | None = None,
     ) -> list[Any]: ...
 
     def text_stats(

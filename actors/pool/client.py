@@ -17,6 +17,7 @@ from actors.engine.updates import Update
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
 from actors.types import (
+    BackupSource,
     Fetched,
     Partition,
     PoolStats,
@@ -150,9 +151,6 @@ class ShardClient:
         )
         return fetched
 
-    def list_ids(self, key: bytes) -> ObjectRef[list[str]]:
-        return self.handle.list_ids.remote(self._p, key)
-
     def match_ids(
         self,
         key: bytes,
@@ -160,8 +158,9 @@ class ShardClient:
         limit: int | None,
         order_by: str | None,
         ascending: bool,
+        after: str | None = None,
     ) -> ObjectRef[list[Any]]:
-        return self.handle.match_ids.remote(self._p, key, node, limit, order_by, ascending)
+        return self.handle.match_ids.remote(self._p, key, node, limit, order_by, ascending, after)
 
     def text_stats(
         self, key: bytes, fields: tuple[str, ...], terms: tuple[str, ...]
@@ -178,6 +177,16 @@ class ShardClient:
         """Up to ``n`` live vectors for training, as Ray's generator of references to their
         :func:`wire.chunks` (``ray.get`` each and concatenate)."""
         return self.handle.sample.options(num_returns="streaming").remote(self._p, key, n, seed)
+
+    def backup(self, key: bytes, backup_id: str) -> Any:
+        """The partition's part of a backup: Ray's generator of references to its sealed chunks
+        (the state is taken when the call starts)."""
+        return self.handle.backup.options(num_returns="streaming").remote(self._p, key, backup_id)
+
+    def restore_chunk(
+        self, key: bytes, source: BackupSource, n: int, total: int, chunk: bytes
+    ) -> ObjectRef[int | None]:
+        return self.handle.restore_chunk.remote(self._p, key, source, n, total, chunk)
 
     def pool_stats(self) -> ObjectRef[PoolStats]:
         """The memory of the pool actor hosting the partition."""

@@ -108,6 +108,8 @@ def meta_document(meta: IndexMeta) -> bytes:
         doc["retired_epoch"] = meta.retired_epoch
     if meta.owner:
         doc["owner"] = meta.owner
+    if meta.restoring:
+        doc["restoring"] = meta.restoring
     if meta.users:
         doc["users"] = [
             {
@@ -138,6 +140,7 @@ def read_meta(raw: bytes) -> IndexMeta:
         else KeyRotation(bytes.fromhex(rotation["salt"]), bytes.fromhex(rotation["verifier"])),
         retired_epoch=int(doc.get("retired_epoch", -1)),
         owner=str(doc.get("owner", "")),
+        restoring=str(doc.get("restoring", "")),
         users=tuple(
             UserGrant(
                 u["user_id"],

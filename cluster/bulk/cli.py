@@ -1,4 +1,6 @@
-"""``vaultvec bulk-query`` and ``vaultvec bulk-upsert``: argument parsing around the driver."""
+"""``vaultvec bulk-query``, ``bulk-upsert``, ``export``, ``backup`` and ``restore``: argument
+parsing around the bulk driver (cluster.bulk.driver), the export (cluster.bulk.export) and the
+backup tool (cluster.bulk.backup)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,17 @@ from typing import Any
 
 import orjson
 
+from actors.storage.backup_format import BadBackup
 from cluster import constants
+from cluster.bulk import backup
+from cluster.bulk.backup import BackupFailed
 from cluster.bulk.driver import bulk_query, bulk_upsert
+from cluster.bulk.export import export
 from cluster.bulk.pipeline import exit_code, run_interruptible
 from cluster.bulk.progress import Report
 from cluster.bulk.transports import HttpTransport, QueryOptions, RayTransport
+from cluster.client import Client
+from cluster.client.errors import VaultvecClientError
 
 EPILOG = """\
 transports: http (default; the Python client: the compact array routes, base64 float32, for
@@ -39,19 +47,7 @@ def positive(text: str) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", required=True, help="index name")
-    p.add_argument(
-        "--index-key", help="the index key, 64 hex characters (default: $VAULTVEC_INDEX_KEY)"
-    )
-    p.add_argument(
-        "--url", default=None, help="service URL (default $VAULTVEC_URL or http://127.0.0.1:8000)"
-    )
-    p.add_argument("--api-key", help="API key (default: $VAULTVEC_API_KEY)")
-    p.add_argument(
-        "--ca-cert",
-        help="https: check the server's certificate against the CA certificates in this PEM "
-        "file (default: $VAULTVEC_CA_CERT, else the system's)",
-    )
+    _connection(p, index=True)
     p.add_argument("--transport", choices=("http", "ray"), default="http")
     p.add_argument(
         "--wire", choices=("auto", "json", "binary"), default="auto", help="HTTP body format"
@@ -74,7 +70,6 @@ def _common(p: argparse.ArgumentParser) -> None:
         help=f"requests in flight ({constants.DEFAULT_CONCURRENCY})",
     )
     p.add_argument("--restart", action="store_true", help="ignore earlier progress, start over")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_commands(sub: Any) -> None:
@@ -127,26 +122,151 @@ def add_commands(sub: Any) -> None:
     )
     u.set_defaults(func=_bulk_upsert)
 
+    e = sub.add_parser(
+        "export",
+        help="every item of an index (id, vector, metadata, contents) to .jsonl or .npy",
+        description="Streams the index through a cursor (writes may go on). .npy: the vectors, "
+        "and <name>.items.jsonl beside it with each row's id, metadata and contents. The output "
+        "is plaintext, created mode 0600.",
+    )
+    e.add_argument("output", type=Path, help=".jsonl or .npy")
+    _connection(e, index=True)
+    e.add_argument("--filters", help="a JSON filter: export only the items it matches")
+    e.add_argument("--page-size", type=positive, default=1000, help="items per request (1000)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    e.set_defaults(func=_export)
 
-def _transport(args: argparse.Namespace) -> Any:
+    b = sub.add_parser(
+        "backup",
+        help="an index's encrypted backup to a file (online: writes go on)",
+        description="The file holds ciphertext and the plaintext header the store's catalog "
+        "keeps (name, salt, key verifier, shard count); restoring it needs the index key.",
+    )
+    b.add_argument("output", type=Path, help="the backup file")
+    _connection(b, index=True)
+    b.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    b.set_defaults(func=_backup)
+
+    r = sub.add_parser(
+        "restore", help="restore a backup into a new index (this server or another, any store)"
+    )
+    r.add_argument("input", type=Path, help="the backup file")
+    _connection(r, index=False)
+    r.add_argument(
+        "--as", dest="as_name", help="the new index's name (default: the backed-up one's)"
+    )
+    r.set_defaults(func=_restore)
+
+
+def _connection(p: argparse.ArgumentParser, *, index: bool) -> None:
+    if index:
+        p.add_argument("--index", required=True, help="index name")
+    p.add_argument(
+        "--index-key", help="the index key, 64 hex characters (default: $VAULTVEC_INDEX_KEY)"
+    )
+    p.add_argument(
+        "--url", default=None, help="service URL (default $VAULTVEC_URL or http://127.0.0.1:8000)"
+    )
+    p.add_argument("--api-key", help="API key (default: $VAULTVEC_API_KEY)")
+    p.add_argument(
+        "--ca-cert",
+        help="https: check the server's certificate against the CA certificates in this PEM "
+        "file (default: $VAULTVEC_CA_CERT, else the system's)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _index_key(args: argparse.Namespace) -> str:
     key = args.index_key or os.environ.get("VAULTVEC_INDEX_KEY")
     if not key:
         raise SystemExit("no index key: pass --index-key or set VAULTVEC_INDEX_KEY")
-    if args.transport == "ray":
-        address = args.ray_address or os.environ.get("RAY_ADDRESS")
-        return RayTransport.connect(address, args.index, key)
+    return str(key)
+
+
+def _server(args: argparse.Namespace) -> tuple[str, str, str | bool]:
+    """The service's URL, the API key and the certificate check (arguments, else the
+    environment)."""
     api_key = args.api_key or os.environ.get("VAULTVEC_API_KEY")
     if not api_key:
         raise SystemExit("no API key: pass --api-key or set VAULTVEC_API_KEY")
     url = args.url or os.environ.get("VAULTVEC_URL") or "http://127.0.0.1:8000"
+    verify = args.ca_cert or os.environ.get("VAULTVEC_CA_CERT") or True
+    return url, api_key.split(",")[0].strip(), verify
+
+
+def _tool(args: argparse.Namespace, job: Callable[[Client, str], str]) -> int:
+    """Run an export, backup or restore; its summary, or the error, on stderr."""
+    key = _index_key(args)
+    url, api_key, verify = _server(args)
+    client = Client(url, api_key, verify=verify, timeout=600.0)
+    try:
+        print(job(client, key), file=sys.stderr)
+        return 0
+    except (VaultvecClientError, BadBackup, BackupFailed, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+
+
+def _export(args: argparse.Namespace) -> int:
+    def job(client: Client, key: str) -> str:
+        n = export(
+            client.index(args.index, key),
+            args.output,
+            filters=orjson.loads(args.filters) if args.filters else None,
+            page_size=args.page_size,
+            overwrite=args.overwrite,
+            show_progress=not args.no_progress,
+        )
+        return f"exported {n:,} items of {args.index!r} to {args.output}"
+
+    return _tool(args, job)
+
+
+def _backup(args: argparse.Namespace) -> int:
+    def job(client: Client, key: str) -> str:
+        done = backup.backup(
+            client,
+            args.index,
+            key,
+            args.output,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+        size = args.output.stat().st_size
+        return (
+            f"backed up {args.index!r} ({done['header']['n_shards']} shards, "
+            f"{size / 1e6:,.1f} MB) to {args.output}"
+        )
+
+    return _tool(args, job)
+
+
+def _restore(args: argparse.Namespace) -> int:
+    def job(client: Client, key: str) -> str:
+        n = backup.restore(
+            client, args.input, key, name=args.as_name, progress=not args.no_progress
+        )
+        return f"restored {n:,} items from {args.input}"
+
+    return _tool(args, job)
+
+
+def _transport(args: argparse.Namespace) -> Any:
+    key = _index_key(args)
+    if args.transport == "ray":
+        address = args.ray_address or os.environ.get("RAY_ADDRESS")
+        return RayTransport.connect(address, args.index, key)
+    url, api_key, verify = _server(args)
     return HttpTransport(
         url,
-        api_key.split(",")[0].strip(),
+        api_key,
         args.index,
         key,
         wire=args.wire,
         max_connections=max(16, args.concurrency),
-        verify=args.ca_cert or os.environ.get("VAULTVEC_CA_CERT") or True,
+        verify=verify,
     )
 
 

@@ -7,8 +7,9 @@
         idx.upsert(ids, vectors)
         res = idx.query(queries, top_k=10)
 
-Modules: ``clients`` (``Client``, ``AsyncClient``), ``index`` (``Index``, ``AsyncIndex`` and
-the ``Runner`` protocols they run on), ``calls`` (requests, without I/O), ``results``
+Modules: ``clients`` (``Client``, ``AsyncClient``), ``index`` (``Index``, ``AsyncIndex``),
+``plans`` (what their calls send), ``runner`` (the protocols they run on), ``calls``
+(requests, without I/O), ``results``
 (``QueryResult`` and answer decoding), ``retry`` (``Retry``), ``errors`` (typed exceptions).
 """
 

@@ -2,171 +2,23 @@
 
 Both build the same request plans (cluster.client.calls); ``Index`` runs them on a ``Runner``
 (``Client`` is one), ``AsyncIndex`` awaits them on an ``AsyncRunner`` (``AsyncClient``). The
-protocols are all a handle knows of its client, so this module does not import the clients.
+protocols (cluster.client.runner) are all a handle knows of its client, so this module does not
+import the clients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import cluster.client.calls as calls
-from cluster.client.calls import Call, Plan
 from cluster.client.errors import AuthenticationError
+from cluster.client.plans import IndexPlans
 from cluster.client.results import QueryResult
-
-T = TypeVar("T")
-
-
-class Limits(Protocol):
-    """The two client settings that shape a plan."""
-
-    @property
-    def binary_threshold(self) -> int: ...
-
-    @property
-    def max_request_bytes(self) -> int: ...
+from cluster.client.runner import AsyncRunner, Runner
 
 
-class Runner(Limits, Protocol):
-    """What an ``Index`` needs of its client (``Client``): one call, or a plan of calls."""
-
-    def call(self, call: Call) -> Any: ...
-
-    def run(self, plan: Plan[T]) -> T: ...
-
-
-class AsyncRunner(Limits, Protocol):
-    """What an ``AsyncIndex`` needs of its client (``AsyncClient``): ``Runner``, awaitable."""
-
-    async def call(self, call: Call) -> Any: ...
-
-    async def run(self, plan: Plan[T]) -> T: ...
-
-
-R = TypeVar("R", bound=Limits)
-
-
-class _IndexPlans(Generic[R]):
-    """What an index handle sends; ``Index`` runs the plans synchronously, ``AsyncIndex``
-    awaits them."""
-
-    def __init__(self, client: R, name: str, key: str) -> None:
-        self.client = client
-        self.name = name
-        self.key = key
-        self._ref = {"index_name": name, "index_key": key}
-
-    def __repr__(self) -> str:  # never the key
-        return f"{type(self).__name__}({self.name!r})"
-
-    def _upsert(self, ids: Any, vectors: Any, metadata: Any, contents: Any, binary: Any) -> Plan:
-        c = self.client
-        return calls.upsert(
-            self._ref,
-            ids,
-            vectors,
-            metadata,
-            contents,
-            binary,
-            c.binary_threshold,
-            c.max_request_bytes,
-        )
-
-    def _query(
-        self, vectors: Any, contents: str | None, top_k: int | None, binary: Any, **options: Any
-    ) -> Plan:
-        c = self.client
-        options = calls.drop_none(**options)
-        return calls.query(
-            self._ref,
-            vectors,
-            contents,
-            top_k,
-            options,
-            binary,
-            c.binary_threshold,
-            c.max_request_bytes,
-        )
-
-    def _query_metadata(
-        self,
-        filters: dict[str, Any] | None,
-        top_k: int | None,
-        include: Sequence[str] | None,
-        order_by: str | dict[str, int] | None,
-        ascending: bool | None,
-        text: dict[str, Any],
-    ) -> Call:
-        return self._call(
-            "vectors/query_metadata",
-            filters=filters,
-            top_k=top_k,
-            include=None if include is None else list(include),
-            order_by=order_by,
-            ascending=ascending,
-            **text,
-        )
-
-    def _delete(
-        self, ids: Sequence[str] | None, filters: dict[str, Any] | None, all: bool | None
-    ) -> Call:
-        return self._call(
-            "vectors/delete", ids=None if ids is None else list(ids), filters=filters, all=all
-        )
-
-    def _update(
-        self,
-        ids: Sequence[str] | None,
-        filters: dict[str, Any] | None,
-        all: bool | None,
-        set: dict[str, Any] | None,
-        unset: Sequence[str] | None,
-        contents: str | None,
-    ) -> Call:
-        doc = calls.drop_none(**{"$set": set, "$unset": None if unset is None else list(unset)})
-        return self._call(
-            "vectors/update",
-            ids=None if ids is None else list(ids),
-            filters=filters,
-            all=all,
-            update=doc,
-            contents=contents,
-        )
-
-    def _train(
-        self,
-        n_lists: int | None,
-        batch_size: int | None,
-        max_iters: int | None,
-        tolerance: float | None,
-        max_memory: int | None,
-    ) -> Call:
-        return self._call(
-            "indexes/train",
-            n_lists=n_lists,
-            batch_size=batch_size,
-            max_iters=max_iters,
-            tolerance=tolerance,
-            max_memory=max_memory,
-        )
-
-    def _call(self, route: str, **fields: Any) -> Call:
-        return Call(f"/v1/{route}", {**self._ref, **calls.drop_none(**fields)})
-
-    def _rotate(self, new_key: str) -> Call:
-        return self._call("indexes/rotate_key", new_index_key=new_key)
-
-    def _probe(self, key: str) -> Call:
-        """A call only ``key`` answers (whether the index's key is ``key`` now)."""
-        return Call("/v1/vectors/num_vectors", {"index_name": self.name, "index_key": key})
-
-    def _use_key(self, key: str) -> None:
-        self.key = key
-        self._ref = {"index_name": self.name, "index_key": key}
-
-
-class Index(_IndexPlans[Runner]):
+class Index(IndexPlans[Runner]):
     def upsert(
         self,
         ids: Sequence[Any],
@@ -257,6 +109,24 @@ class Index(_IndexPlans[Runner]):
         )
         return list(self.client.call(call)["results"])
 
+    def scan(
+        self,
+        filters: dict[str, Any] | None = None,
+        *,
+        include: Sequence[str] | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[dict[str, Any]]:
+        """Every item ``filters`` matches (every item without one) as ``{"id", ...include}``
+        rows, in id order, fetched a page at a time through a cursor: each item present for
+        the whole scan comes exactly once, whatever is written meanwhile."""
+        cursor = None
+        while True:
+            page = self.client.call(self._page(filters, include, page_size, cursor))
+            yield from page["results"]
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
+
     def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
         """Items by id (unknown ids omitted); ``vector`` comes back as a float32 array."""
         return self.client.run(calls.get(self._ref, ids, include))
@@ -340,7 +210,7 @@ class Index(_IndexPlans[Runner]):
         return True
 
 
-class AsyncIndex(_IndexPlans[AsyncRunner]):
+class AsyncIndex(IndexPlans[AsyncRunner]):
     async def upsert(
         self,
         ids: Sequence[Any],
@@ -415,6 +285,22 @@ class AsyncIndex(_IndexPlans[AsyncRunner]):
             calls.hybrid(text, text_fields, text_field_weights, require_all_terms),
         )
         return list((await self.client.call(call))["results"])
+
+    async def scan(
+        self,
+        filters: dict[str, Any] | None = None,
+        *,
+        include: Sequence[str] | None = None,
+        page_size: int = 1000,
+    ) -> AsyncIterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = await self.client.call(self._page(filters, include, page_size, cursor))
+            for row in page["results"]:
+                yield row
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
 
     async def get(self, ids: Sequence[str], include: Sequence[str] | None = None) -> list[dict]:
         return await self.client.run(calls.get(self._ref, ids, include))

@@ -422,9 +422,6 @@ class Engine:
             return 0
         return sum(await self.by_shard(cv, ids, lambda c, sub: c.delete(cv.key, sub)))
 
-    async def list_ids(self, cv: CachedView) -> list[str]:
-        return [i for part in await self.all_shards(cv, lambda c: c.list_ids(cv.key)) for i in part]
-
     async def match_ids(
         self,
         cv: CachedView,
@@ -442,6 +439,18 @@ class Engine:
             return [i for part in parts for i in part][:limit]
         pairs = heapq.merge(*(map(tuple, p) for p in parts), reverse=not ascending)
         return [item_id for _, item_id in itertools.islice(pairs, limit)]
+
+    async def page_ids(
+        self, cv: CachedView, node: FilterNode | None, after: str, limit: int
+    ) -> tuple[list[str], bool]:
+        """One page of a cursor's scan: the first ``limit`` ids above ``after`` in id order
+        of the items ``node`` matches (each shard's first ``limit + 1``, merged), and whether
+        any is left after them."""
+        parts = await self.all_shards(
+            cv, lambda c: c.match_ids(cv.key, node, limit + 1, None, True, after)
+        )
+        merged = list(itertools.islice(heapq.merge(*parts), limit + 1))
+        return merged[:limit], len(merged) > limit
 
     async def fetch(
         self, cv: CachedView, ids: list[str], vectors: bool, metadata: bool, contents: bool

@@ -4,6 +4,7 @@ translates HTTP to an operation of the service layer (serve_app.service) and its
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends
@@ -21,6 +22,7 @@ from serve_app.models import (
     GetRequest,
     GetResponse,
     IndexRequest,
+    ListIdsRequest,
     ListIdsResponse,
     NumVectorsResponse,
     QueryMetadataRequest,
@@ -85,9 +87,13 @@ async def delete(body: DeleteRequest) -> JSON:
 
 
 @router.post("/list_ids", response_model=ListIdsResponse)
-async def list_ids(body: IndexRequest) -> JSON:
-    ids = await items.list_ids(services(), body)
-    return JSON({"ids": ids, "count": len(ids)})
+async def list_ids(body: ListIdsRequest) -> JSON:
+    """Every id; with ``limit`` one page in id order and its ``next_cursor`` (vaultvec)."""
+    ids, cursor = await items.list_ids(services(), body)
+    out: dict[str, Any] = {"ids": ids, "count": len(ids)}
+    if body.limit is not None:
+        out["next_cursor"] = cursor
+    return JSON(out)
 
 
 @router.post("/update", response_model=UpdateResponse)
@@ -114,5 +120,8 @@ async def query_metadata(body: QueryMetadataRequest) -> JSON:
     """Metadata-only search: the ids of the items the filter matches (no vector), in the order
     of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
     /v1/vectors/get returns them."""
-    results, ids = await items.query_metadata(services(), body)
-    return JSON({"results": results, "ids": ids, "count": len(ids)})
+    results, ids, cursor = await items.query_metadata(services(), body)
+    out: dict[str, Any] = {"results": results, "ids": ids, "count": len(ids)}
+    if body.limit is not None:
+        out["next_cursor"] = cursor
+    return JSON(out)

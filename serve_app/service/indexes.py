@@ -218,7 +218,7 @@ def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
 
 async def delete(svc: Services, body: IndexRequest) -> dict[str, Any]:
     engine = svc.engine
-    cv = await open_index(engine, body.index_name, body.index_key, Right.MANAGE)
+    cv = await open_index(engine, body.index_name, body.index_key, Right.MANAGE, restore=True)
     await engine.control.delete_index(body.index_name, cv.key)
     engine.forget(body.index_name)
     return {"status": "success", "message": f"Index '{body.index_name}' deleted"}

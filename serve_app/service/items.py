@@ -18,10 +18,12 @@ from serve_app.models import (
     DeleteRequest,
     GetRequest,
     IndexRequest,
+    ListIdsRequest,
+    Paged,
     QueryMetadataRequest,
     UpdateRequest,
 )
-from serve_app.service import fulltext, schema
+from serve_app.service import cursors, fulltext, schema
 from serve_app.service.deps import Services
 from serve_app.service.params import Limits, distinct, get_fields
 from serve_app.service.unlock import open_index
@@ -135,11 +137,32 @@ async def count_matching(svc: Services, body: CountRequest) -> int:
     return sum(await svc.engine.all_shards(cv, lambda c: c.count_matching(cv.key, node)))
 
 
-async def list_ids(svc: Services, body: IndexRequest) -> list[str]:
+async def list_ids(svc: Services, body: ListIdsRequest) -> tuple[list[str], str | None]:
+    """Every id, or with ``limit`` one page of them in id order and the next page's cursor."""
     cv = await open_index(svc.engine, body.index_name, body.index_key, Right.READ)
-    ids = await svc.engine.list_ids(cv)
+    if body.limit is None:
+        refuse_cursor(body, "list_ids")
+        ids = await svc.engine.match_ids(cv, None, None)
+        cursor = None
+    else:
+        ids, cursor = await page(svc.engine, cv, body, "list_ids", None)
     context.note(items=len(ids))
-    return ids
+    return ids, cursor
+
+
+def refuse_cursor(body: Paged, route: str) -> None:
+    if body.cursor is not None:
+        raise InvalidRequest(f"{route}: cursor needs limit (the page size)")
+
+
+async def page(
+    engine: Engine, cv: CachedView, body: Paged, route: str, filters: dict[str, Any] | None
+) -> tuple[list[str], str | None]:
+    """One page of a scan in id order: its ids and the next page's cursor (None: the last)."""
+    assert body.limit is not None
+    after = "" if body.cursor is None else cursors.open_cursor(cv, route, filters, body.cursor)
+    ids, more = await engine.page_ids(cv, parse_filter(filters), after, body.limit)
+    return ids, (cursors.seal_cursor(cv, route, filters, ids[-1]) if more else None)
 
 
 async def count(svc: Services, body: IndexRequest) -> int:
@@ -150,21 +173,31 @@ async def count(svc: Services, body: IndexRequest) -> int:
 
 async def query_metadata(
     svc: Services, body: QueryMetadataRequest
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Metadata-only search: (results, ids) of the items the filter matches (no vector), in
-    the order of ``order_by`` if given, at most ``top_k``, with the fields of ``include`` as
-    get returns them. With ``text``: the items matching its terms, by descending BM25 score,
-    each with its ``score``."""
+) -> tuple[list[dict[str, Any]], list[str], str | None]:
+    """Metadata-only search: (results, ids, next cursor) of the items the filter matches (no
+    vector), in the order of ``order_by`` if given, at most ``top_k``, with the fields of
+    ``include`` as get returns them. With ``text``: the items matching its terms, by
+    descending BM25 score, each with its ``score``. With ``limit``: one page in id order."""
     search = fulltext.TextSearch.of(body)
     if search is not None and body.order_by is not None:
         raise InvalidRequest("query_metadata: order_by does not apply with text (ranked by BM25)")
+    if body.limit is None:
+        refuse_cursor(body, "query_metadata")
+    elif search is not None or body.order_by is not None or body.top_k is not None:
+        raise InvalidRequest(
+            "query_metadata: limit pages through the matches in id order; it does not combine "
+            "with text, order_by or top_k"
+        )
     order_by, ascending = sort_order(body.order_by, body.ascending)
     engine = svc.engine
     cv = await open_index(engine, body.index_name, body.index_key, Right.READ)
     node = parse_filter(body.filters or None)
     schema.enforce(cv.config, node)
     scores: dict[str, float] = {}
-    if search is not None:
+    cursor = None
+    if body.limit is not None:
+        ids, cursor = await page(engine, cv, body, "query_metadata", body.filters or None)
+    elif search is not None:
         hits = await fulltext.ranked(engine, cv, search, node, body.top_k)
         ids, scores = hits.ids, dict(zip(hits.ids, hits.scores, strict=True))
     else:
@@ -177,7 +210,7 @@ async def query_metadata(
     if search is not None:  # ranked: each row carries its BM25 score
         for row in results:
             row["score"] = scores[row["id"]]
-    return results, ids
+    return results, ids, cursor
 
 
 def sort_order(

@@ -5,7 +5,7 @@ asking for the right it needs (serve_app.access.rights)."""
 
 from __future__ import annotations
 
-from actors.errors import InvalidRequest, Unauthorized
+from actors.errors import IndexRestoring, InvalidRequest, Unauthorized
 from actors.storage import users
 from serve_app.access import context, rights
 from serve_app.access.rights import Right
@@ -13,10 +13,13 @@ from serve_app.gateway.engine import CachedView, Engine
 from serve_app.telemetry import lap, started
 
 
-async def open_index(engine: Engine, name: str, key: str | None, right: Right) -> CachedView:
+async def open_index(
+    engine: Engine, name: str, key: str | None, right: Right, *, restore: bool = False
+) -> CachedView:
     """The index's view, once the request's credentials may do ``right`` there (403 if not,
     401 for a wrong key); the time until now counts as the request's parse stage, the
-    unlock as its own."""
+    unlock as its own. An index a backup is being restored into opens only for the restore
+    and its deletion (``restore``); 409 for everything else."""
     rights.require(right)  # as the gate noted: an API key all rights, a user key its grant's
     t = lap("parse", started())
     ctx = context.current()
@@ -26,6 +29,15 @@ async def open_index(engine: Engine, name: str, key: str | None, right: Right) -
         raise InvalidRequest("index_key is required: 64 hex characters (32 bytes)")
     else:
         cv = await engine.view(name, key)
+    if cv.view.meta.restoring and not restore:
+        fresh = await engine.control.lookup(name)  # the restore may have ended since
+        if fresh.restoring:
+            raise IndexRestoring(
+                f"index {name!r} is being restored from a backup; it answers once the restore "
+                "commits (or delete it)"
+            )
+        engine.forget(name)
+        return await open_index(engine, name, key, right)
     lap("unlock", t)
     return cv
 

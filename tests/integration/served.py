@@ -71,13 +71,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def serve(
-    storage: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 180
+    storage: Path | str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 180
 ) -> Iterator[Served]:
-    """`vaultvec serve --storage <storage> --port <free> <args>` until the block ends."""
+    """`vaultvec serve --storage <storage> --port <free> <args>` until the block ends: a
+    directory, or a store URL (then ``Served.storage`` is no directory)."""
     tmpdir = short_private_dir()
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", "serve", "--storage", f"file://{storage}",
+        [sys.executable, "-m", "cluster.cli", "serve", "--storage",
+         storage if isinstance(storage, str) else f"file://{storage}",
          "--port", str(port), *args],
         env=clean_env(TMPDIR=str(tmpdir), **(env or {})),
         stdout=subprocess.PIPE,
@@ -99,7 +101,7 @@ def serve(
     threading.Thread(target=output.extend, args=(proc.stdout,), daemon=True).start()
     try:
         assert url, "vaultvec serve did not start:\n" + "".join(output[-40:])
-        yield Served(proc, port, storage, tmpdir, url, output)
+        yield Served(proc, port, Path(storage), tmpdir, url, output)
     finally:
         stop(proc, tmpdir)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.client import generate_key
+from tests.integration import served
 
 ERROR_KEYS = {"status_code", "detail", "errors"}
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # Prometheus text: name -> samples
@@ -193,3 +196,18 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     found = [v for lab, v in samples.get(name, []) if labels.items() <= lab.items()]
     assert found, f"no {name} with {labels}: {samples.get(name)}"
     return sum(found)
+
+
+def cli(url: str, api_key: str, index_key: str, *args: str) -> str:
+    """`vaultvec <args> --no-progress` against ``url``, keys in the environment as a user
+    would set them; its stderr (the summary)."""
+    env = served.clean_env(VAULTVEC_API_KEY=api_key, VAULTVEC_INDEX_KEY=index_key, VAULTVEC_URL=url)
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args, "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr

@@ -1,8 +1,11 @@
-"""Managing data beyond CyborgDB: delete and count by filter, over HTTP and the Python client,
-on sharded and unsharded indexes, checked against the plain-Python filter oracle."""
+"""Managing data beyond CyborgDB: delete, update and count by filter, and cursors, over HTTP
+and the Python client, on sharded and unsharded indexes, checked against the plain-Python
+filter oracle."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -97,8 +100,9 @@ def test_delete_by_filter_misuse_is_a_422(http: httpx.Client, make_index) -> Non
     assert idx.count() == 1
 
 
-def test_python_client_count_and_delete_by_filter(service) -> None:
-    items = make_items(1)
+@contextlib.contextmanager
+def client_index(service, items: list[dict[str, Any]]) -> Iterator[Any]:
+    """A two-shard index holding ``items``, through the Python client; dropped afterwards."""
     with Client(service.url, API_KEY) as vv:
         idx = vv.create_index(unique_name("dmc"), generate_key(), dimension=DIM, n_shards=2)
         try:
@@ -107,17 +111,23 @@ def test_python_client_count_and_delete_by_filter(service) -> None:
                 np.array([it["vector"] for it in items]),
                 metadata=[it["metadata"] for it in items],
             )
-            flt = {"cat": {"$lte": 2}}
-            want = sum(matches(it["metadata"], flt) for it in items)
-            assert idx.count(flt) == want and idx.count() == N
-            fives = sum(it["metadata"]["cat"] == 5 for it in items)
-            assert idx.update(filters={"cat": 5}, set={"seen": True}, unset=["tags"]) == fives
-            assert idx.count({"seen": True}) == fives and idx.count({"tags": "red"}) > 0
-            assert idx.delete(filters=flt) == want
-            assert idx.count() == N - want and idx.count(flt) == 0
-            assert idx.delete(["i1", "i700"]) == (0 if matches(items[1]["metadata"], flt) else 1)
+            yield idx
         finally:
             idx.drop()
+
+
+def test_python_client_count_and_delete_by_filter(service) -> None:
+    items = make_items(1)
+    with client_index(service, items) as idx:
+        flt = {"cat": {"$lte": 2}}
+        want = sum(matches(it["metadata"], flt) for it in items)
+        assert idx.count(flt) == want and idx.count() == N
+        fives = sum(it["metadata"]["cat"] == 5 for it in items)
+        assert idx.update(filters={"cat": 5}, set={"seen": True}, unset=["tags"]) == fives
+        assert idx.count({"seen": True}) == fives and idx.count({"tags": "red"}) > 0
+        assert idx.delete(filters=flt) == want
+        assert idx.count() == N - want and idx.count(flt) == 0
+        assert idx.delete(["i1", "i700"]) == (0 if matches(items[1]["metadata"], flt) else 1)
 
 
 def test_update_changes_metadata_and_contents_in_place(loaded) -> None:
@@ -166,3 +176,111 @@ def test_update_changes_metadata_and_contents_in_place(loaded) -> None:
         ({"filters": {}, "update": {"$set": {"a": 1}}}, '"all": true'),
     ):
         assert words in str(error(idx.post("vectors/update", **body), 422)), body
+
+
+def scan(idx: Index, route: str, limit: int, between=None, **fields: Any) -> list[dict[str, Any]]:
+    """Every page of a scan (rows of query_metadata, or ids of list_ids as rows)."""
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    for page_no in range(10_000):
+        body = ok(idx.post(route, limit=limit, **fields, **({"cursor": cursor} if cursor else {})))
+        page = (
+            body["results"]
+            if route.endswith("query_metadata")
+            else [{"id": i} for i in body["ids"]]
+        )
+        assert body["count"] == len(page) <= limit
+        rows += page
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return rows
+        assert len(page) == limit
+        if between is not None:
+            between(page_no)
+    raise AssertionError("the scan did not end")
+
+
+def test_cursors_page_through_every_item_in_id_order(loaded) -> None:
+    idx, docs = loaded
+    everything = scan(idx, "vectors/list_ids", 64)
+    assert [r["id"] for r in everything] == sorted(docs)
+    flt = {"grp": {"$in": [1, 2]}}
+    rows = scan(idx, "vectors/query_metadata", 50, filters=flt, include=["metadata"])
+    assert [r["id"] for r in rows] == sorted(i for i, m in docs.items() if matches(m, flt))
+    assert all(r["metadata"] == docs[r["id"]] for r in rows)
+    # without limit: the answer as before, no cursor
+    assert "next_cursor" not in ok(idx.post("vectors/list_ids"))
+    assert "next_cursor" not in ok(idx.post("vectors/query_metadata", filters=flt))
+    # a page holding the last item says so: no empty page after it
+    assert len(scan(idx, "vectors/list_ids", N)) == N
+
+
+def test_a_scan_under_writes_returns_every_item_present_throughout_once(loaded) -> None:
+    idx, docs = loaded
+    ordered = sorted(docs)
+    removed: set[str] = set()
+    added: set[str] = set()
+
+    def write(page_no: int) -> None:
+        # ahead of and behind the cursor: new items, deletes, and items rewritten in place
+        new = [f"i{page_no}-new-{j}" for j in range(5)] + [f"a-new-{page_no}"]
+        idx.upsert([{"id": i, "vector": [0.5] * DIM, "metadata": {"cat": 1}} for i in new])
+        added.update(new)
+        gone = ordered[page_no * 37 % N : page_no * 37 % N + 3]
+        idx.delete_ids(gone)
+        removed.update(gone)
+        kept = [i for i in ordered[::41] if i not in removed]
+        idx.upsert([{"id": i, "vector": [0.25] * DIM, "metadata": docs[i]} for i in kept])
+
+    rows = scan(idx, "vectors/query_metadata", 40, between=write)
+    got = [r["id"] for r in rows]
+    assert len(got) == len(set(got)), "an item came twice"
+    assert got == sorted(got)
+    assert set(docs) - removed <= set(got), "an item present for the whole scan was missed"
+    assert set(got) <= set(docs) | added
+
+
+def test_cursor_misuse_is_a_422(loaded, make_index) -> None:
+    idx, _ = loaded
+    body = ok(idx.post("vectors/query_metadata", filters={"cat": 3}, limit=5))
+    cursor = body["next_cursor"]
+    for route, fields, words in (
+        ("vectors/list_ids", {"cursor": cursor}, "cursor needs limit"),
+        (
+            "vectors/query_metadata",
+            {"filters": {"cat": 4}, "limit": 5, "cursor": cursor},
+            "start the scan again",
+        ),
+        ("vectors/list_ids", {"limit": 5, "cursor": cursor}, "start the scan again"),
+        (
+            "vectors/query_metadata",
+            {"filters": {"cat": 3}, "limit": 5, "cursor": cursor[:-4]},
+            "start the scan again",
+        ),
+        ("vectors/query_metadata", {"limit": 5, "top_k": 3}, "does not combine"),
+        ("vectors/query_metadata", {"limit": 5, "order_by": "cat"}, "does not combine"),
+        ("vectors/list_ids", {"limit": 0}, "limit"),
+        ("vectors/list_ids", {"limit": 10_001}, "limit"),
+    ):
+        assert words in str(error(idx.post(route, **fields), 422)), (route, fields)
+    other = make_index(dimension=DIM)
+    other.upsert([{"id": "i1", "vector": [0.0] * DIM, "metadata": {"cat": 3}}])
+    r = other.post("vectors/query_metadata", filters={"cat": 3}, limit=5, cursor=cursor)
+    assert "start the scan again" in error(r, 422)["detail"]
+    # the cursor is sealed: the id it ends at is not in it
+    last = body["ids"][-1]
+    assert last not in cursor and last.encode().hex() not in cursor
+
+
+def test_python_client_scan(service) -> None:
+    items = make_items(2)
+    with client_index(service, items) as idx:
+        rows = list(idx.scan({"cat": 2}, include=["metadata", "vector"], page_size=7))
+        want = sorted(it["id"] for it in items if it["metadata"]["cat"] == 2)
+        assert [r["id"] for r in rows] == want
+        by_id = {it["id"]: it for it in items}
+        assert all(r["metadata"] == by_id[r["id"]]["metadata"] for r in rows)
+        np.testing.assert_allclose(
+            [r["vector"] for r in rows], [by_id[i]["vector"] for i in want], rtol=1e-6
+        )
+        assert [r["id"] for r in idx.scan(page_size=1000)] == sorted(by_id)

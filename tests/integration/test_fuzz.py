@@ -285,9 +285,20 @@ def test_api_conforms_to_its_schema(
         fuzz_index.upsert(ITEMS)
 
 
+# What a fuzzer cannot reach: a restore opens only with a configuration and chunks sealed by a
+# real backup (AES-GCM: no generated body opens). tests/integration/test_api_backup.py runs them
+# and their refusals; here they must still answer every generated body by the schema, no 5xx.
+SEALED_INPUT = {
+    "POST /v1/indexes/restore/begin",
+    "POST /v1/indexes/restore/chunk",
+    "POST /v1/indexes/restore/commit",
+}
+
+
 def test_fuzzing_got_past_auth_and_lookup() -> None:
-    """Every documented operation the fuzzer ran (all of them, unless deselected) was answered
-    2xx at least once: the requests aimed at the real index reached the routes' work."""
+    """Every documented operation the fuzzer ran (all of them, unless deselected; those that
+    need sealed input aside) was answered 2xx at least once: the requests aimed at the real
+    index reached the routes' work."""
     documented = {
         f"{method.upper()} {path}"
         for path, operations in openapi_document()["paths"].items()
@@ -298,5 +309,8 @@ def test_fuzzing_got_past_auth_and_lookup() -> None:
         print(op, dict(sorted(STATUSES[op].items())))  # with -s: what each operation got
     assert ran, "runs after test_api_conforms_to_its_schema, on what it recorded"
     for op in ran:
+        if op in SEALED_INPUT:
+            assert sum(n for status, n in STATUSES[op].items() if status >= 500) == 0, op
+            continue
         done = STATUSES[op][200] + STATUSES[op][204]
         assert done, f"{op} was never answered 2xx: {dict(STATUSES[op])}"

@@ -23,7 +23,7 @@ ROUTES = {
     ("post", "/v1/vectors/delete"): ("DeleteRequest", "DeleteResponse"),
     ("post", "/v1/vectors/update"): ("UpdateRequest", "UpdateResponse"),
     ("post", "/v1/vectors/count"): ("CountRequest", "CountResponse"),
-    ("post", "/v1/vectors/list_ids"): ("IndexRequest", "ListIdsResponse"),
+    ("post", "/v1/vectors/list_ids"): ("ListIdsRequest", "ListIdsResponse"),
     ("post", "/v1/vectors/num_vectors"): ("IndexRequest", "NumVectorsResponse"),
     ("post", "/v1/vectors/query_metadata"): ("QueryMetadataRequest", "QueryMetadataResponse"),
     ("post", "/v1/vectors/query_binary"): ("BinaryQueryRequest", "QueryResponse"),
@@ -34,6 +34,10 @@ ROUTES = {
     ("post", "/v1/indexes/{index_name}/users"): ("CreateUserRequest", "CreateUserResponse"),
     ("get", "/v1/indexes/{index_name}/users"): (None, "ListUsersResponse"),
     ("delete", "/v1/indexes/{index_name}/users/{user_id}"): (None, None),  # 204, no body
+    ("post", "/v1/indexes/backup"): ("BackupRequest", None),  # a stream, not JSON
+    ("post", "/v1/indexes/restore/begin"): ("RestoreBeginRequest", "StatusResponse"),
+    ("post", "/v1/indexes/restore/chunk"): ("RestoreChunkRequest", "RestoreChunkResponse"),
+    ("post", "/v1/indexes/restore/commit"): ("RestoreCommitRequest", "RestoreCommitResponse"),
 }
 
 
@@ -59,7 +63,9 @@ def test_route_models_are_documented(spec, method, path):
     else:
         assert op["requestBody"]["required"] is True
         assert _ref(_json_schema(op["requestBody"])) == request_model
-    if response_model is None:
+    if path == "/v1/indexes/backup":
+        assert "application/vnd.vaultvec.backup" in op["responses"]["200"]["content"]
+    elif response_model is None:
         assert "204" in op["responses"] and "200" not in op["responses"]
     else:
         assert _ref(_json_schema(op["responses"]["200"])) == response_model

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,3 +116,34 @@ def test_readme_curl_block(shell, n):
         pytest.skip("embeddings extra not installed (pip install torch==2.13.0 -e '.[embeddings]')")
     statuses = shell.run_through(n)
     assert statuses and all(200 <= s < 300 for s in statuses), statuses
+
+
+def tool_block() -> str:
+    """The README's block of `vaultvec` commands: backup, restore and export."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+    (block,) = [b for b in blocks if "vaultvec backup" in b]
+    return block
+
+
+def test_readme_backup_restore_export_block(shell, service: Service) -> None:
+    """Run as printed after the curl blocks (their KEY and IDX), with `.venv` the one running
+    these tests and VAULTVEC_URL the test server (the README's default is localhost:8000)."""
+    shell.run_through(len(BLOCKS) - 1)
+    venv = shell.workdir / ".venv"
+    if not venv.exists():
+        venv.symlink_to(Path(sys.prefix))
+    proc = subprocess.run(
+        ["bash", "-c", "set -eo pipefail\n" + tool_block()],
+        cwd=shell.workdir,
+        env={**os.environ, **shell.env, "VAULTVEC_URL": service.url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    shell.indexes.add("cases_copy")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (shell.workdir / "cases.jsonl").read_text().splitlines()
+    with httpx.Client(base_url=service.url, headers={"X-API-Key": API_KEY}) as c:
+        body = {"index_name": "cases", "index_key": shell.env["IDX"]}
+        assert len(lines) == c.post("/v1/vectors/num_vectors", json=body).json()["result"] > 0
+    assert "restored" in proc.stderr and "exported" in proc.stderr

@@ -125,7 +125,9 @@ def test_the_gate_checks_the_content_type_of_exactly_the_documented_bodies(app):
         for method, op in operations.items()
         if "application/json" in op.get("requestBody", {}).get("content", {})
     }
-    assert len(documented) == 19  # with rotate_key, a user's creation, count and update
+    assert (
+        len(documented) == 23
+    )  # with rotate_key, a user's creation, count, update, backup, restore
     assert gate.kwargs["json_routes"] == documented
 
 

@@ -15,7 +15,13 @@ from serve_app.access import context
 from serve_app.access.context import RequestContext
 from serve_app.access.rights import ALL, Right, require
 from serve_app.http.errors import api_error
-from serve_app.models import CreateIndexRequest, DeleteRequest, GetRequest, IndexRequest
+from serve_app.models import (
+    CreateIndexRequest,
+    DeleteRequest,
+    GetRequest,
+    IndexRequest,
+    ListIdsRequest,
+)
 from serve_app.service import indexes, items, upserts
 from serve_app.service.deps import Services
 from serve_app.service.params import UpsertRows
@@ -100,7 +106,7 @@ def test_a_read_only_key_may_read(svc: Services, engine: Untouchable) -> None:
     """Reads get past the check (and on to the engine, which this one refuses)."""
     for call in (
         items.get(svc, GetRequest(index_name="docs", index_key=KEY, ids=["a"])),
-        items.list_ids(svc, IndexRequest(index_name="docs", index_key=KEY)),
+        items.list_ids(svc, ListIdsRequest(index_name="docs", index_key=KEY)),
     ):
         with holding(Right.READ), pytest.raises(AssertionError, match="engine was reached"):
             asyncio.run(call)
