@@ -1,5 +1,5 @@
-"""Managing data on the PostgreSQL store, with an index's shards on two nodes behind two
-gateways: count, update and delete by filter against the filter oracle, a cursor's scan under
+"""Managing data on the PostgreSQL store, an index in one shard or in two on two nodes, behind
+two gateways: count, update and delete by filter against the filter oracle, a cursor's scan under
 writes, and a backup restored under a new name."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from cluster.bulk import backup as tool
 from cluster.client import Client
@@ -42,10 +43,11 @@ def pages(idx: Index, limit: int, between: Any = None) -> list[str]:
         n += 1
 
 
+@pytest.mark.parametrize("n_shards", [1, 2], ids=["unsharded", "sharded"])
 def test_data_operations_on_postgresql_across_nodes(
-    http: httpx.Client, ray_cluster: RayCluster, tmp_path: Path
+    http: httpx.Client, ray_cluster: RayCluster, tmp_path: Path, n_shards: int
 ) -> None:
-    idx = create(http, n_shards=2)
+    idx = create(http, n_shards=n_shards)
     docs = {f"s{i}": meta(i) for i in range(N)}
     for lo in range(0, N, 300):
         idx.upsert(
