@@ -51,6 +51,10 @@ STRINGS_SMALL_GET = 64
 #: Cursors (actors.engine.idorder): items written since a shard sorted its ids are sorted per
 #: page until they outnumber this or an eighth of the sorted ones; then the order is rebuilt.
 ID_ORDER_TAIL_MIN = 4096
+#: A shard's snapshot larger than this is stored in chunks of this size, each sealed on its own
+#: (actors.storage.persistence): no stored value grows with the shard (PostgreSQL's bytea holds
+#: at most 1 GiB).
+SNAPSHOT_CHUNK_BYTES = 256 << 20
 #: A shard's part of a backup is sealed in chunks of this size (actors.engine.shard_backup).
 BACKUP_CHUNK_BYTES = 2 << 20
 #: Dead bytes a StringColumn tolerates beyond the live ones: a small column is not compacted.

@@ -175,6 +175,12 @@ class Settings(BaseSettings):
     )
     train_wait_s: float = Field(ENGINE.train_wait_s, gt=0)
     wal_max_records: int = Field(ENGINE.wal_max_records, ge=1)
+    snapshot_chunk_mb: int = Field(
+        ENGINE.snapshot_chunk_mb,
+        ge=1,
+        le=1000,
+        description="a shard snapshot larger than this is stored in chunks of this many MiB",
+    )
     idle_ttl_s: float = Field(
         ENGINE.idle_ttl_s, ge=0, description="unload partitions idle this long; 0 = never"
     )

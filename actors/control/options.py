@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from actors import constants
 from actors.pool.client import ShardClient
 from actors.types import IndexConfig, IndexMeta, Partition
 
@@ -26,6 +27,7 @@ class EngineOptions:
     # keeps part of its stack resident (docs/performance.md, memory).
     shard_max_concurrency: int = 16
     wal_max_records: int = 256
+    snapshot_chunk_mb: int = constants.SNAPSHOT_CHUNK_BYTES >> 20
     auto_train_threshold: int = 10_000
     retrain_factor: float = 4.0
     recall_target: float = 0.95

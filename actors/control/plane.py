@@ -61,6 +61,7 @@ class ControlPlane(PlaneMetrics):
             num_cpus=options.shard_num_cpus,
             max_concurrency=options.shard_max_concurrency,
             wal_max_records=options.wal_max_records,
+            snapshot_chunk_bytes=options.snapshot_chunk_mb << 20,
             threads=options.shard_threads,
             start_timeout_s=options.shard_start_timeout_s,
         )

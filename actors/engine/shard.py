@@ -36,7 +36,7 @@ from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
 from actors.process.quiet import WhenQuiet
-from actors.storage import Store, open_store, persistence
+from actors.storage import Store, StoreError, open_store, persistence
 from actors.types import (
     ShardStats,
     UpsertBatch,
@@ -58,6 +58,7 @@ class Shard(ShardReads, ShardBackup):
         wal_max_records: int = 256,
         wal_max_bytes: int = 256 << 20,
         threads: int = 1,
+        snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
     ) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.name = index_name
@@ -65,6 +66,7 @@ class Shard(ShardReads, ShardBackup):
         self.shard_no = shard_no
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
+        self.snapshot_chunk_bytes = snapshot_chunk_bytes
         self.threads = threads if threads > 0 else node_cpus()
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
@@ -85,6 +87,7 @@ class Shard(ShardReads, ShardBackup):
             self.keys,
             self.wal_max_records,
             self.wal_max_bytes,
+            self.snapshot_chunk_bytes,
         )
         self.items = ItemTable()
         self.partition: PartitionIndex | None = None
@@ -317,7 +320,15 @@ class Shard(ShardReads, ShardBackup):
                 self._wrote()
             roll = self.log.due()
         if roll:
-            self.snapshot(key)
+            try:
+                self.snapshot(key)
+            except StoreError as exc:  # the write is in the WAL: durable, and acknowledged
+                log.warning(
+                    "snapshot of %s shard %d failed (%s); retried on the next write",
+                    self.name,
+                    self.shard_no,
+                    exc,
+                )
 
     def _updated(self, labels: np.ndarray, update: updates.Update) -> UpsertBatch:
         """The upsert that rewrites ``labels``'s items with ``update`` applied (every new

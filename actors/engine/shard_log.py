@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from actors import constants
 from actors.engine.shard_keys import ShardKeys
 from actors.storage import Store, persistence
 
@@ -21,10 +22,12 @@ class ShardLog:
         keys: ShardKeys,
         max_records: int,
         max_bytes: int,
+        chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
     ) -> None:
         self.store, self.name, self.index_id, self.shard_no = store, name, index_id, shard_no
         self.keys = keys
         self.max_records, self.max_bytes = max_records, max_bytes
+        self.chunk_bytes = chunk_bytes  # a snapshot larger than this is stored in chunks
         self.gen = 0  # the snapshot generation; WAL records go to the log of this generation
         self.seq = 0  # the last record's number
         self.records = 0  # records written since the last snapshot
@@ -34,13 +37,11 @@ class ShardLog:
         """The latest snapshot's frame (None: there is none yet); its generation becomes the
         current one."""
         ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
-        snaps = persistence.generations(self.store, ix, no, "snap", epoch)
-        if not snaps:
+        found = persistence.load_snapshot(self.store, key, self.name, ix, no, epoch)
+        if found is None:
             return None
-        self.gen = snaps[-1]
-        blob = self.store.get(persistence.snap_key(ix, no, self.gen, epoch))
-        assert blob is not None
-        return persistence.open_snapshot(key, self.name, no, self.gen, blob)
+        self.gen, frame = found
+        return frame
 
     def replay(self, key: bytes, apply: Callable[[str, Any], None]) -> None:
         """``apply(op, payload)`` for every record after :attr:`seq`, in order."""
@@ -90,5 +91,13 @@ class ShardLog:
 
     def put_snapshot(self, key: bytes, epoch: int, frame: bytes, gen: int) -> None:
         persistence.put_snapshot(
-            self.store, key, self.name, self.index_id, self.shard_no, epoch, frame, gen
+            self.store,
+            key,
+            self.name,
+            self.index_id,
+            self.shard_no,
+            epoch,
+            frame,
+            gen,
+            self.chunk_bytes,
         )

@@ -76,6 +76,7 @@ class PoolOptions:
     budget_bytes: int = 0  # 0 = no budget
     idle_ttl_s: float = 0.0  # 0 = never
     wal_max_records: int = 256
+    snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES
     threads: int = 0  # 0 = the node's CPUs (actors.process.cpus.node_cpus)
 
 
@@ -121,6 +122,7 @@ class ShardPool:
                     p.index_id,
                     p.shard_no,
                     wal_max_records=self.options.wal_max_records,
+                    snapshot_chunk_bytes=self.options.snapshot_chunk_bytes,
                     threads=self.threads,
                 )
                 self._hosted[slot] = shard

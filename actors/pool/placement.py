@@ -72,6 +72,7 @@ class Pool:
         num_cpus: float = 0.05,
         max_concurrency: int = 16,
         wal_max_records: int = 256,
+        snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
         threads: int = 0,
         start_timeout_s: float = 60.0,
     ) -> None:
@@ -83,6 +84,7 @@ class Pool:
         self.num_cpus = num_cpus
         self.max_concurrency = max_concurrency
         self.wal_max_records = wal_max_records
+        self.snapshot_chunk_bytes = snapshot_chunk_bytes
         self.threads = threads
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
@@ -185,6 +187,7 @@ class Pool:
             budget_bytes=self.budget_bytes or auto_budget(node, self.size_per_node),
             idle_ttl_s=self.idle_ttl_s,
             wal_max_records=self.wal_max_records,
+            snapshot_chunk_bytes=self.snapshot_chunk_bytes,
             threads=self.threads,
         )
         return PoolActor.options(

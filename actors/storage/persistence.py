@@ -5,7 +5,10 @@ Keys (index_id is random, so names never appear in paths):
                                          placement, a key rotation under way
   {root}/config                          sealed IndexConfig
   {root}/template/{version}              sealed serialized faiss template (quantizer + codebooks)
-  {root}/shards/{s}/snap/{gen}           sealed shard snapshot covering WAL generations < gen
+  {root}/shards/{s}/snap/{gen}           sealed shard snapshot covering WAL generations < gen,
+  {root}/shards/{s}/snap/{gen}.{i}-{n}   or its chunks i = 0..n-1 when it is larger than one
+                                         chunk (no stored value over a bounded size: PostgreSQL's
+                                         bytea holds at most 1 GiB), each sealed on its own
   {root}/shards/{s}/wal/{gen}            log of sealed records; each record is
                                          u64 seq (plaintext) | sealed(frame), aad binds seq
 
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 import orjson
 
+from actors import constants
 from actors.errors import DecryptError
 from actors.storage import Store, codec, key_join
 from actors.storage.crypto import aad, open_sealed, seal
@@ -57,9 +61,24 @@ def wal_key(index_id: str, shard: int, gen: int, epoch: int = 0) -> str:
     return key_join(shard_prefix(index_id, shard, epoch), "wal", f"{gen:010d}")
 
 
+def snap_part_key(index_id: str, shard: int, gen: int, part: int, parts: int, epoch: int) -> str:
+    name = f"{gen:010d}.{part:05d}-{parts:05d}"
+    return key_join(shard_prefix(index_id, shard, epoch), "snap", name)
+
+
 def generations(store: Store, index_id: str, shard: int, kind: str, epoch: int = 0) -> list[int]:
+    """The generations of ``kind`` (snap or wal) stored for the shard, ascending (a snapshot in
+    chunks once, whether or not all of its chunks are there)."""
+    return sorted(_stored(store, index_id, shard, kind, epoch))
+
+
+def _stored(store: Store, index_id: str, shard: int, kind: str, epoch: int) -> dict[int, list[str]]:
+    """Generation -> its keys (one, or a snapshot's chunks)."""
     prefix = key_join(shard_prefix(index_id, shard, epoch), kind) + "/"
-    return sorted(int(k.rsplit("/", 1)[1]) for k in store.list(prefix))
+    out: dict[int, list[str]] = {}
+    for k in store.list(prefix):
+        out.setdefault(int(k[len(prefix) :].split(".", 1)[0]), []).append(k)
+    return out
 
 
 def stored_epochs(store: Store, index_id: str) -> dict[int, list[str]]:
@@ -304,18 +323,57 @@ def put_snapshot(
     epoch: int,
     frame: bytes,
     gen: int,
+    chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
 ) -> None:
-    """Seal ``frame`` as key epoch ``epoch``'s snapshot ``gen`` of ``shard``, then drop the
-    epoch's older snapshots and the WAL generations it covers."""
-    blob = seal(key, frame, aad(name, "snapshot", shard, version=gen))
-    store.put(snap_key(index_id, shard, gen, epoch), blob)
-    for old in generations(store, index_id, shard, "snap", epoch):
+    """Seal ``frame`` as key epoch ``epoch``'s snapshot ``gen`` of ``shard`` (in chunks of at
+    most ``chunk_bytes`` when it is larger), then drop the epoch's older snapshots and the WAL
+    generations it covers. A snapshot cut short by a crash is never loaded (its chunks are not
+    all there: :func:`load_snapshot` takes the one before) and goes with the next one."""
+    view = memoryview(frame)
+    parts = max(1, -(-len(frame) // chunk_bytes))
+    for k in _stored(store, index_id, shard, "snap", epoch).get(gen, []):
+        store.delete(k)  # left by an earlier attempt at this generation, cut short
+    if parts == 1:
+        store.put(
+            snap_key(index_id, shard, gen, epoch), seal(key, frame, _snap_aad(name, shard, gen))
+        )
+    for i in range(parts if parts > 1 else 0):
+        piece = view[i * chunk_bytes : (i + 1) * chunk_bytes]
+        blob = seal(key, piece, _snap_aad(name, shard, gen, i, parts))
+        store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
+    for old, keys in _stored(store, index_id, shard, "snap", epoch).items():
         if old < gen:
-            store.delete(snap_key(index_id, shard, old, epoch))
+            for k in keys:
+                store.delete(k)
     for old in generations(store, index_id, shard, "wal", epoch):
         if old < gen:
             store.delete(wal_key(index_id, shard, old, epoch))
 
 
-def open_snapshot(key: bytes, name: str, shard: int, gen: int, blob: bytes) -> bytes:
-    return open_sealed(key, blob, aad(name, "snapshot", shard, version=gen))
+def _snap_aad(name: str, shard: int, gen: int, part: int = 0, parts: int = 1) -> bytes:
+    # A whole snapshot keeps the associated data it always had; a chunk's binds its place.
+    return aad(name, "snapshot", shard, "" if parts == 1 else f"{part}/{parts}", version=gen)
+
+
+def load_snapshot(
+    store: Store, key: bytes, name: str, index_id: str, shard: int, epoch: int
+) -> tuple[int, bytes] | None:
+    """(generation, frame) of the shard's latest complete snapshot in key epoch ``epoch``;
+    None when there is none."""
+    for gen, keys in sorted(_stored(store, index_id, shard, "snap", epoch).items(), reverse=True):
+        whole = snap_key(index_id, shard, gen, epoch)
+        if whole in keys:
+            blob = store.get(whole)
+            assert blob is not None
+            return gen, open_sealed(key, blob, _snap_aad(name, shard, gen))
+        parts = int(keys[0].rsplit("-", 1)[1])
+        names = [snap_part_key(index_id, shard, gen, i, parts, epoch) for i in range(parts)]
+        if set(names) != set(keys):
+            continue  # cut short by a crash while it was written: the one before holds
+        pieces = []
+        for i, k in enumerate(names):
+            blob = store.get(k)
+            assert blob is not None
+            pieces.append(open_sealed(key, blob, _snap_aad(name, shard, gen, i, parts)))
+        return gen, b"".join(pieces)
+    return None
