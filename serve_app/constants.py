@@ -31,6 +31,13 @@ FEW_RESULTS = 256
 # -- recall measurement (serve_app.gateway.probing) --------------------------------------------
 #: Sampled queries in one exact search at most: the check stays small beside the served load.
 RECALL_MAX_ROWS = 16
+#: An index measures every automatically probed query (up to RECALL_EARLY_ROWS of a batch in one
+#: exact search) until it has measured this many: its estimate and scales settle early.
+RECALL_EARLY = 400
+RECALL_EARLY_ROWS = 128
+#: A gateway hands an index's learned probing state to the control plane, which keeps it sealed
+#: with the index, at most this often (seconds) and after its early measurements.
+RECALL_SAVE_S = 30.0
 #: Sampled queries with a larger top_k are skipped: their exact search would cost too much.
 RECALL_MAX_K = 100
 #: A kind of query keeps probing scale 1 until this many of its sampled queries were checked.

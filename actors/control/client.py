@@ -1,7 +1,8 @@
 """The typed client through which a gateway reaches the control plane (actors.control.plane.
 ControlPlane, a named Ray actor): each call awaited, with the control plane's own exception
 raised as it was raised (not Ray's wrapper around it). Calls that report and need no answer
-(:meth:`report_metrics`, :meth:`maybe_autotrain`) are sent and not awaited."""
+(:meth:`report_metrics`, :meth:`maybe_autotrain`, :meth:`save_probing`) are sent and not
+awaited."""
 
 from __future__ import annotations
 
@@ -84,6 +85,9 @@ class ControlClient:
         self, name: str, data_key: bytes, salt: bytes, verifier: bytes, new_data_key: bytes
     ) -> None:
         await answer(self.handle.rotate_key.remote(name, data_key, salt, verifier, new_data_key))
+
+    def save_probing(self, name: str, data_key: bytes, version: int, state: bytes) -> None:
+        self.handle.save_probing.remote(name, data_key, version, state)
 
     # -- per-index users --------------------------------------------------------------------------
     async def create_user(self, name: str, data_key: bytes, rights: list[str]) -> tuple[str, str]:

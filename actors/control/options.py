@@ -48,6 +48,7 @@ class IndexView:
     config: IndexConfig
     shards: tuple[Any, ...]
     centroids: np.ndarray | None
+    probing: bytes | None = None  # what gateways learned of automatic probing, kept sealed
 
     def clients(self) -> list[ShardClient]:
         """Typed calls to each partition, in shard number order."""

@@ -191,7 +191,15 @@ class ControlPlane(PlaneMetrics):
             template = persistence.read_template(self.store, key, cfg)
             if template is not None:
                 centroids = centroids_of(deserialize(template))
-        return IndexView(meta, cfg, self._partitions(meta, cfg), centroids)
+        probing = persistence.read_probing(self.store, key, cfg) if cfg.is_trained else None
+        return IndexView(meta, cfg, self._partitions(meta, cfg), centroids, probing)
+
+    def save_probing(self, name: str, key: bytes, version: int, state: bytes) -> None:
+        """Keep a gateway's learned probing state of training ``version`` (a later training
+        makes it moot: not kept then)."""
+        cfg = self.config(name, key)
+        if cfg.version == version:
+            persistence.write_probing(self.store, key, cfg, state)
 
     def template(self, name: str, key: bytes) -> np.ndarray | None:
         """The trained template of the index's current version (None before training)."""

@@ -210,6 +210,29 @@ def opens_config(store: Store, key: bytes, name: str, index_id: str, epoch: int)
     return True
 
 
+def probing_key(index_id: str, epoch: int = 0) -> str:
+    return key_join(epoch_prefix(index_id, epoch), "probing")
+
+
+def write_probing(store: Store, key: bytes, cfg: IndexConfig, state: bytes) -> None:
+    """What the gateways learned of automatic probing for ``cfg``'s training version
+    (serve_app.gateway.probing), sealed; one copy per index, the latest."""
+    blob = seal(key, state, aad(cfg.name, "probing", version=cfg.version))
+    store.put(probing_key(cfg.index_id, cfg.key_epoch), blob)
+
+
+def read_probing(store: Store, key: bytes, cfg: IndexConfig) -> bytes | None:
+    """The learned probing state of ``cfg``'s training version (None: none, or one of an
+    earlier version, whose associated data does not match)."""
+    blob = store.get(probing_key(cfg.index_id, cfg.key_epoch))
+    if blob is None:
+        return None
+    try:
+        return open_sealed(key, blob, aad(cfg.name, "probing", version=cfg.version))
+    except DecryptError:
+        return None
+
+
 def template_key(cfg: IndexConfig, version: int, epoch: int) -> str:
     return key_join(epoch_prefix(cfg.index_id, epoch), "template", f"{version:010d}")
 

@@ -246,13 +246,13 @@ class Engine:
             nprobe = q.n_probes or cfg.auto_nprobe(q.top_k)
             given = GREEDY if q.greedy else Probing("fixed", n_probes=q.n_probes)
             return await self._search(cv, x, q, nprobe, given)
-        state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+        state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target, cv.view.probing)
         first, slacks = auto
         probing = Probing("adaptive", first=first, slacks=slacks, scales=state.scales)
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        rows = self.monitor.pick(len(x), q.top_k)
+        rows = self.monitor.pick(len(x), q.top_k, state)
         if len(rows):
             served = hits.ids.take_rows(rows).tolist()
             task = asyncio.create_task(self._measure(cv, x[rows], q, probing, served))
@@ -313,7 +313,14 @@ class Engine:
             )
             assert exact.needed is not None
             state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+            early = state.sampled < constants.RECALL_EARLY
             state.record(exact.bucket, overlap(served, exact.ids.tolist()), exact.needed)
+            now = time.monotonic()
+            if (early and state.sampled >= constants.RECALL_EARLY) or (
+                now - state.saved_at > constants.RECALL_SAVE_S
+            ):  # kept with the index: a restart starts from what was learned
+                state.saved_at = now
+                self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())
         except Exception as exc:  # the query went on without it; say why, never what it was
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__

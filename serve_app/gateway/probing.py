@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from actors.control.training import smallest_scale
+from actors.storage import codec
 from actors.types import BUCKETS
 from serve_app import constants
 
@@ -73,6 +74,7 @@ class IndexProbing:
     sampled: int = 0  # queries measured
     queries: int = 0  # queries answered with automatic probing
     lists_scanned: float = 0.0  # their lists scanned (per query, averaged over shards), summed
+    saved_at: float = 0.0  # when this replica last handed it to the control plane (monotonic)
 
     @property
     def scales(self) -> tuple[float, ...]:
@@ -89,6 +91,41 @@ class IndexProbing:
             if len(row):
                 b.needed.append(row)
         b.fit(self.target)
+
+    def pack(self) -> bytes:
+        """The learned state (scales, measured needs, served recall, counters) as bytes, for
+        the control plane to keep sealed with the index (restored by :meth:`unpack`)."""
+        meta = {
+            "version": self.version,
+            "target": self.target,
+            "scales": list(self.scales),
+            "sampled": self.sampled,
+            "queries": self.queries,
+            "lists_scanned": self.lists_scanned,
+        }
+        arrays: dict[str, np.ndarray] = {"served": np.asarray(self.served, dtype=np.float64)}
+        for i, b in enumerate(self.buckets):
+            lens = np.array([len(r) for r in b.needed], dtype=np.int64)
+            arrays[f"lens{i}"] = lens
+            arrays[f"needed{i}"] = (
+                np.concatenate(list(b.needed)) if len(b.needed) else np.zeros(0, np.float64)
+            )
+        return codec.pack(meta, arrays)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> IndexProbing:
+        meta, arrays = codec.unpack(data)
+        state = cls(int(meta["version"]), float(meta["target"]))
+        state.served.extend(arrays["served"].tolist())
+        state.sampled, state.queries = int(meta["sampled"]), int(meta["queries"])
+        state.lists_scanned = float(meta["lists_scanned"])
+        for i, b in enumerate(state.buckets):
+            b.scale = float(meta["scales"][i])
+            flat, lens = arrays[f"needed{i}"], arrays[f"lens{i}"]
+            b.needed.extend(
+                np.split(flat.astype(np.float64), np.cumsum(lens)[:-1]) if len(lens) else []
+            )
+        return state
 
     def report(self) -> dict[str, Any]:
         """describe's ``recall``: the live estimate and what drives automatic probing."""
@@ -111,12 +148,17 @@ class RecallMonitor:
         self._rng = random.Random(seed)
         self._indexes: OrderedDict[str, IndexProbing] = OrderedDict()
 
-    def of(self, index_id: str, version: int, target: float) -> IndexProbing:
-        """The index's state (fresh for a new training version); the least recently queried
-        of more than RECALL_MAX_INDEXES are dropped (their scales start again at 1)."""
+    def of(
+        self, index_id: str, version: int, target: float, stored: bytes | None = None
+    ) -> IndexProbing:
+        """The index's state (fresh for a new training version, or what ``stored`` kept of
+        this one: IndexProbing.pack); the least recently queried of more than
+        RECALL_MAX_INDEXES are dropped (their scales start again at 1)."""
         state = self._indexes.get(index_id)
         if state is None or state.version != version:
-            state = self._indexes[index_id] = IndexProbing(version, target)
+            kept = IndexProbing.unpack(stored) if stored else None
+            fresh = kept if kept is not None and kept.version == version else None
+            state = self._indexes[index_id] = fresh or IndexProbing(version, target)
             while len(self._indexes) > constants.RECALL_MAX_INDEXES:
                 self._indexes.popitem(last=False)
         self._indexes.move_to_end(index_id)
@@ -130,10 +172,16 @@ class RecallMonitor:
         state = self._indexes.get(index_id)
         return state if state is not None and state.version == version else None
 
-    def pick(self, nq: int, k: int) -> np.ndarray:
-        """Rows of a batch of ``nq`` queries to measure (none while a measurement runs)."""
+    def pick(self, nq: int, k: int, state: IndexProbing | None = None) -> np.ndarray:
+        """Rows of a batch of ``nq`` queries to measure (none while a measurement runs): every
+        one, up to RECALL_EARLY_ROWS a batch, while ``state`` has measured fewer than
+        RECALL_EARLY queries (so its estimate and scales settle within its first few hundred
+        queries); then each with probability ``share``, up to RECALL_MAX_ROWS."""
         if self.busy or self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
             return np.zeros(0, dtype=np.int64)
+        if state is not None and state.sampled < constants.RECALL_EARLY:
+            count = min(nq, constants.RECALL_EARLY_ROWS, constants.RECALL_EARLY - state.sampled)
+            return np.sort(np.asarray(self._rng.sample(range(nq), count), dtype=np.int64))
         count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
         if nq > 64:
             count = int(np.random.default_rng(self._rng.getrandbits(32)).binomial(nq, self.share))

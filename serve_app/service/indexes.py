@@ -186,7 +186,7 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
         "metadata_schema": schema.describe(cfg),
         "bm25": schema.describe_bm25(cfg),
         "num_vectors": num,
-        "recall": recall_report(engine, cfg),
+        "recall": recall_report(engine, cfg, cv.view.probing),
         # The index's own bytes only: the pool actors' memory moves with every index they
         # host, so their figures would show one key holder the others' activity. They are
         # the operator's, in GET /v1/metrics.
@@ -205,13 +205,17 @@ async def describe(svc: Services, body: IndexRequest) -> dict[str, Any]:
     }
 
 
-def recall_report(engine: Any, cfg: IndexConfig) -> dict[str, Any] | None:
+def recall_report(
+    engine: Any, cfg: IndexConfig, probing: bytes | None = None
+) -> dict[str, Any] | None:
     """The live recall estimate of automatic probing at this gateway replica
     (serve_app.gateway.probing); None until the index is trained."""
     if not cfg.is_trained:
         return None
     state = engine.monitor.peek(cfg.index_id, cfg.version)
-    if state is None:
+    if state is None and probing is not None:  # what was learned before a restart
+        state = IndexProbing.unpack(probing)
+    if state is None or state.version != cfg.version:
         state = IndexProbing(cfg.version, cfg.recall_target)
     return state.report()
 

@@ -1,12 +1,18 @@
 """Automatic probing through the real service: describe reports the live recall estimate the
-gateway measures on a share of the automatically probed queries (1% by default), and explicit
-n_probes queries are neither counted nor sampled."""
+gateway measures on the automatically probed queries (every one of an index's first 400, then
+1% by default), explicit n_probes queries are neither counted nor sampled, and a restart keeps
+what was learned."""
 
 from __future__ import annotations
 
+import secrets
 import time
+from pathlib import Path
 
 import numpy as np
+
+from cluster.client import Client, generate_key
+from tests.integration import served
 
 
 def blobs(n: int, d: int, seed: int) -> np.ndarray:
@@ -32,7 +38,7 @@ def test_describe_reports_the_measured_recall_of_automatic_probing(make_index):
     idx.query(query_vectors=q[:50], top_k=10, n_probes=3)  # explicit: not counted
     assert idx.describe()["recall"]["auto_queries"] == 0
     sampled = 0
-    for attempt in range(20):  # 1% of 1,000 queries a request: about 10 measured each time
+    for attempt in range(20):  # the index's first queries: many of each request measured
         idx.query(query_vectors=q, top_k=10, filters={"half": 0} if attempt % 2 else None)
         time.sleep(0.2)
         report = idx.describe()["recall"]
@@ -44,3 +50,25 @@ def test_describe_reports_the_measured_recall_of_automatic_probing(make_index):
     assert 0.8 <= report["estimate"] <= 1.0
     assert 1 <= report["lists_scanned_per_query"] <= idx.describe()["n_lists"] * 2
     assert set(report["probe_scale"]) == {"unfiltered", "broad_filter", "selective_filter"}
+
+
+def test_a_restart_keeps_what_automatic_probing_learned(tmp_path: Path) -> None:
+    api_key, key = secrets.token_hex(16), generate_key()
+    env = {"VAULTVEC_API_KEY": api_key}
+    data, q = blobs(4000, 16, seed=3), blobs(600, 16, seed=4)
+    with served.serve(tmp_path / "store", env=env) as srv, Client(srv.url, api_key) as vv:
+        idx = vv.create_index("learned", key, dimension=16)
+        idx.upsert([f"a{j}" for j in range(len(data))], data)
+        idx.train()
+        for _ in range(40):  # the first 400 queries are measured, then handed over to keep
+            idx.query(q[:100], top_k=10)
+            time.sleep(0.3)
+            learned = idx.describe()["recall"]
+            if learned["sampled_queries"] >= 400:
+                break
+        assert learned["sampled_queries"] >= 400
+        time.sleep(2)  # the control plane writes it (the call is not awaited)
+    with served.serve(tmp_path / "store", env=env) as srv, Client(srv.url, api_key) as vv:
+        after = vv.index("learned", key).describe()["recall"]
+    for field in ("estimate", "sampled_queries", "probe_scale", "auto_queries"):
+        assert after[field] == learned[field], field

@@ -26,6 +26,7 @@ from actors.engine.ivf import PartitionIndex, serialize
 from actors.engine.search import merge_topk
 from actors.engine.shard import Shard
 from actors.pool import wire
+from actors.storage import LocalStore, persistence
 from actors.types import (
     IndexConfig,
     IndexMeta,
@@ -36,7 +37,7 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
-from serve_app.constants import RECALL_MIN_SAMPLES
+from serve_app.constants import RECALL_EARLY, RECALL_EARLY_ROWS, RECALL_MIN_SAMPLES
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
 from serve_app.gateway.probing import Bucket, IndexProbing, RecallMonitor, overlap
@@ -250,6 +251,64 @@ def test_monitor_samples_its_share_and_nothing_while_busy() -> None:
     assert len(m.pick(100, 10)) == 0
     assert RecallMonitor(share=0.0).pick(100, 10).size == 0
     assert overlap([["a", "b"], ["c"]], [["a", "x"], [None]]).tolist() == [0.5, 1.0]
+
+
+def test_an_index_measures_every_early_query_then_its_share() -> None:
+    m = RecallMonitor(share=0.01, seed=0)
+    state = IndexProbing(version=1, target=0.95)
+    assert len(m.pick(500, 10, state)) == RECALL_EARLY_ROWS  # a batch: many of its queries
+    assert len(m.pick(1, 10, state)) == 1  # a single query: itself
+    state.sampled = RECALL_EARLY - 3
+    assert len(m.pick(500, 10, state)) == 3  # no more than the early measurements left
+    state.sampled = RECALL_EARLY
+    picked = sum(len(m.pick(1, 10, state)) for _ in range(2000))
+    assert 5 < picked < 40  # then its share
+    m.busy = True
+    assert len(m.pick(500, 10, IndexProbing(version=1, target=0.95))) == 0
+
+
+def learned_state() -> IndexProbing:
+    rng = np.random.default_rng(3)
+    state = IndexProbing(version=4, target=0.95)
+    for bucket in (0, 2):
+        needed = rng.uniform(0, 0.5, (RECALL_MIN_SAMPLES + 5, 10))
+        needed[::3, -2:] = np.nan  # queries with fewer results than top_k
+        state.record(bucket, rng.uniform(0.8, 1.0, RECALL_MIN_SAMPLES + 5), needed)
+    state.queries, state.lists_scanned = 1234, 5678.5
+    return state
+
+
+def test_learned_state_survives_its_bytes() -> None:
+    state = learned_state()
+    again = IndexProbing.unpack(state.pack())
+    assert again.report() == state.report()
+    assert again.scales == state.scales and again.scales[0] != 1.0
+    for a, b in zip(again.buckets, state.buckets):
+        assert [r.tolist() for r in a.needed] == [r.tolist() for r in b.needed]
+    # it goes on learning from where it was: the same next fit
+    more = np.full((5, 10), 0.9)
+    for s in (state, again):
+        s.record(0, np.ones(5), more)
+    assert again.scales == state.scales
+
+
+def test_the_monitor_starts_from_the_stored_state_of_its_version_only() -> None:
+    stored = learned_state().pack()
+    m = RecallMonitor(share=0.01, seed=0)
+    assert m.of("ix", 4, 0.95, stored).scales == learned_state().scales
+    assert m.of("iy", 5, 0.95, stored).scales == (1.0, 1.0, 1.0)  # another training version
+    assert m.of("ix", 4, 0.95, None).sampled == learned_state().sampled  # kept in memory
+
+
+def test_probing_state_is_kept_sealed_for_its_training_version(tmp_path) -> None:
+    store = LocalStore(tmp_path / "s")
+    cfg = IndexConfig("p", "pid", "ivfflat", "euclidean", 1, dimension=4, version=3)
+    key = bytes(range(32))
+    assert persistence.read_probing(store, key, cfg) is None
+    persistence.write_probing(store, key, cfg, b"learned")
+    assert persistence.read_probing(store, key, cfg) == b"learned"
+    assert b"learned" not in store.get(persistence.probing_key("pid"))  # type: ignore[operator]
+    assert persistence.read_probing(store, key, cfg.evolve(version=4)) is None  # retrained
 
 
 # -- the engine with real shards in-process ------------------------------------------------------
