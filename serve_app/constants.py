@@ -31,10 +31,13 @@ FEW_RESULTS = 256
 # -- recall measurement (serve_app.gateway.probing) --------------------------------------------
 #: Sampled queries in one exact search at most: the check stays small beside the served load.
 RECALL_MAX_ROWS = 16
-#: An index measures every automatically probed query (up to RECALL_EARLY_ROWS of a batch in one
-#: exact search) until it has measured this many: its estimate and scales settle early.
+#: An index measures every automatically probed query until it has measured this many: its
+#: estimate and scales settle early. One exact search then takes up to RECALL_EARLY_ROWS queries
+#: of a batch, fewer on a large index: rows x items at most RECALL_EARLY_WORK (128 rows up to
+#: 390k items, 50 at 1M, 5 at 10M), so that it stays a small load beside the live queries.
 RECALL_EARLY = 400
 RECALL_EARLY_ROWS = 128
+RECALL_EARLY_WORK = 50_000_000
 #: A gateway hands an index's learned probing state to the control plane, which keeps it sealed
 #: with the index, at most this often (seconds) and after its early measurements.
 RECALL_SAVE_S = 30.0

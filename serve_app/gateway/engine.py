@@ -252,7 +252,8 @@ class Engine:
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        rows = self.monitor.pick(len(x), q.top_k, state)
+        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else 0
+        rows = self.monitor.pick(len(x), q.top_k, state, items)
         if len(rows):
             served = hits.ids.take_rows(rows).tolist()
             task = asyncio.create_task(self._measure(cv, x[rows], q, probing, served))

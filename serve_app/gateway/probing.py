@@ -172,15 +172,21 @@ class RecallMonitor:
         state = self._indexes.get(index_id)
         return state if state is not None and state.version == version else None
 
-    def pick(self, nq: int, k: int, state: IndexProbing | None = None) -> np.ndarray:
+    def pick(
+        self, nq: int, k: int, state: IndexProbing | None = None, items: int = 0
+    ) -> np.ndarray:
         """Rows of a batch of ``nq`` queries to measure (none while a measurement runs): every
-        one, up to RECALL_EARLY_ROWS a batch, while ``state`` has measured fewer than
-        RECALL_EARLY queries (so its estimate and scales settle within its first few hundred
-        queries); then each with probability ``share``, up to RECALL_MAX_ROWS."""
+        one while ``state`` has measured fewer than RECALL_EARLY queries (so its estimate and
+        scales settle within its first few hundred queries), as many of a batch as an exact
+        search over ``items`` items within RECALL_EARLY_WORK allows (RECALL_MAX_ROWS when the
+        count is not known, at most RECALL_EARLY_ROWS); then each with probability ``share``,
+        up to RECALL_MAX_ROWS."""
         if self.busy or self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
             return np.zeros(0, dtype=np.int64)
         if state is not None and state.sampled < constants.RECALL_EARLY:
-            count = min(nq, constants.RECALL_EARLY_ROWS, constants.RECALL_EARLY - state.sampled)
+            fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
+            fit = max(1, min(fit, constants.RECALL_EARLY_ROWS))
+            count = min(nq, fit, constants.RECALL_EARLY - state.sampled)
             return np.sort(np.asarray(self._rng.sample(range(nq), count), dtype=np.int64))
         count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
         if nq > 64:

@@ -37,7 +37,13 @@ from actors.types import (
     probe_slack,
     shard_assignment,
 )
-from serve_app.constants import RECALL_EARLY, RECALL_EARLY_ROWS, RECALL_MIN_SAMPLES
+from serve_app.constants import (
+    RECALL_EARLY,
+    RECALL_EARLY_ROWS,
+    RECALL_EARLY_WORK,
+    RECALL_MAX_ROWS,
+    RECALL_MIN_SAMPLES,
+)
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
 from serve_app.gateway.probing import Bucket, IndexProbing, RecallMonitor, overlap
@@ -256,10 +262,13 @@ def test_monitor_samples_its_share_and_nothing_while_busy() -> None:
 def test_an_index_measures_every_early_query_then_its_share() -> None:
     m = RecallMonitor(share=0.01, seed=0)
     state = IndexProbing(version=1, target=0.95)
-    assert len(m.pick(500, 10, state)) == RECALL_EARLY_ROWS  # a batch: many of its queries
-    assert len(m.pick(1, 10, state)) == 1  # a single query: itself
+    small = RECALL_EARLY_WORK // RECALL_EARLY_ROWS
+    assert len(m.pick(500, 10, state, small)) == RECALL_EARLY_ROWS  # a batch: many of its queries
+    assert len(m.pick(500, 10, state, 10 * small)) == RECALL_EARLY_ROWS // 10  # a larger index
+    assert len(m.pick(500, 10, state)) == RECALL_MAX_ROWS  # its size not known
+    assert len(m.pick(1, 10, state, small)) == 1  # a single query: itself
     state.sampled = RECALL_EARLY - 3
-    assert len(m.pick(500, 10, state)) == 3  # no more than the early measurements left
+    assert len(m.pick(500, 10, state, small)) == 3  # no more than the early measurements left
     state.sampled = RECALL_EARLY
     picked = sum(len(m.pick(1, 10, state)) for _ in range(2000))
     assert 5 < picked < 40  # then its share
