@@ -38,6 +38,8 @@ RECALL_MAX_ROWS = 16
 RECALL_EARLY = 400
 RECALL_EARLY_ROWS = 128
 RECALL_EARLY_WORK = 50_000_000
+#: Early batches sampled while a measurement runs wait for it, this many at most per replica.
+RECALL_EARLY_WAITING = 8
 #: A gateway hands an index's learned probing state to the control plane, which keeps it sealed
 #: with the index, at most this often (seconds) and after its early measurements.
 RECALL_SAVE_S = 30.0

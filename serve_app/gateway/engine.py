@@ -255,10 +255,13 @@ class Engine:
         items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else 0
         rows = self.monitor.pick(len(x), q.top_k, state, items)
         if len(rows):
-            served = hits.ids.take_rows(rows).tolist()
-            task = asyncio.create_task(self._measure(cv, x[rows], q, probing, served))
-            self._measuring.add(task)
-            task.add_done_callback(self._measuring.discard)
+            job = (cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())
+            if self.monitor.busy:  # an early one: measured after the one under way
+                self.monitor.waiting.append(job)
+            else:
+                task = asyncio.create_task(self._measure(*job))
+                self._measuring.add(task)
+                task.add_done_callback(self._measuring.discard)
         return hits
 
     async def search_one(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
@@ -302,10 +305,26 @@ class Engine:
         served: list[list[str | None]],
     ) -> None:
         """Answer sampled queries exactly, with the scale each exact result needs, and record
-        them (serve_app.gateway.probing); in the background, one at a time (RecallMonitor.pick samples
-        nothing meanwhile)."""
+        them (serve_app.gateway.probing); in the background, one batch at a time, then those
+        that waited meanwhile (RecallMonitor.pick samples nothing else meanwhile)."""
         stages.detach()  # not a stage of the request whose context this task copied
         self.monitor.busy = True
+        try:
+            job: tuple[Any, ...] | None = (cv, x, q, probing, served)
+            while job is not None:
+                await self._measure_one(*job)
+                job = self.monitor.waiting.popleft() if self.monitor.waiting else None
+        finally:
+            self.monitor.busy = False
+
+    async def _measure_one(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        q: Query,
+        probing: Probing,
+        served: list[list[str | None]],
+    ) -> None:
         try:
             cfg = cv.config
             # The shards search every list themselves: the plan sent is one list wide.
@@ -326,8 +345,6 @@ class Engine:
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
             )
-        finally:
-            self.monitor.busy = False
 
     async def _search(
         self,

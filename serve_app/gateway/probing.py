@@ -145,6 +145,7 @@ class RecallMonitor:
     def __init__(self, share: float = 0.01, seed: int | None = None) -> None:
         self.share = share
         self.busy = False
+        self.waiting: deque[tuple[Any, ...]] = deque()  # early batches, measured after busy
         self._rng = random.Random(seed)
         self._indexes: OrderedDict[str, IndexProbing] = OrderedDict()
 
@@ -175,15 +176,19 @@ class RecallMonitor:
     def pick(
         self, nq: int, k: int, state: IndexProbing | None = None, items: int = 0
     ) -> np.ndarray:
-        """Rows of a batch of ``nq`` queries to measure (none while a measurement runs): every
-        one while ``state`` has measured fewer than RECALL_EARLY queries (so its estimate and
+        """Rows of a batch of ``nq`` queries to measure (none while a measurement runs, except
+        early ones, up to RECALL_EARLY_WAITING batches that wait their turn): every one while ``state`` has measured fewer than RECALL_EARLY queries (so its estimate and
         scales settle within its first few hundred queries), as many of a batch as an exact
         search over ``items`` items within RECALL_EARLY_WORK allows (RECALL_MAX_ROWS when the
         count is not known, at most RECALL_EARLY_ROWS); then each with probability ``share``,
         up to RECALL_MAX_ROWS."""
-        if self.busy or self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
+        early = state is not None and state.sampled < constants.RECALL_EARLY
+        if self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
             return np.zeros(0, dtype=np.int64)
-        if state is not None and state.sampled < constants.RECALL_EARLY:
+        if self.busy and not (early and len(self.waiting) < constants.RECALL_EARLY_WAITING):
+            return np.zeros(0, dtype=np.int64)
+        if early:
+            assert state is not None
             fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
             fit = max(1, min(fit, constants.RECALL_EARLY_ROWS))
             count = min(nq, fit, constants.RECALL_EARLY - state.sampled)

@@ -40,6 +40,7 @@ from actors.types import (
 from serve_app.constants import (
     RECALL_EARLY,
     RECALL_EARLY_ROWS,
+    RECALL_EARLY_WAITING,
     RECALL_EARLY_WORK,
     RECALL_MAX_ROWS,
     RECALL_MIN_SAMPLES,
@@ -272,8 +273,12 @@ def test_an_index_measures_every_early_query_then_its_share() -> None:
     state.sampled = RECALL_EARLY
     picked = sum(len(m.pick(1, 10, state)) for _ in range(2000))
     assert 5 < picked < 40  # then its share
-    m.busy = True
-    assert len(m.pick(500, 10, IndexProbing(version=1, target=0.95))) == 0
+    m.busy = True  # a measurement under way: an early batch waits its turn, a few at most
+    young = IndexProbing(version=1, target=0.95)
+    assert len(m.pick(500, 10, young, small)) == RECALL_EARLY_ROWS
+    m.waiting.extend([()] * RECALL_EARLY_WAITING)
+    assert len(m.pick(500, 10, young, small)) == 0
+    assert len(m.pick(500, 10, state, small)) == 0  # past the early ones: none while busy
 
 
 def learned_state() -> IndexProbing:
