@@ -57,6 +57,11 @@ ID_ORDER_TAIL_MIN = 4096
 SNAPSHOT_CHUNK_BYTES = 256 << 20
 #: A shard's part of a backup is sealed in chunks of this size (actors.engine.shard_backup).
 BACKUP_CHUNK_BYTES = 2 << 20
+#: A restored shard state may hand out this many labels beyond four per item it holds (the
+#: dead rows a shard keeps until compaction): a bound on what a restore allocates.
+RESTORE_SPARE_LABELS = 1 << 20
+#: A restore's chunks a partition received are dropped when none came for this long (seconds).
+RESTORE_IDLE_S = 600.0
 #: Dead bytes a StringColumn tolerates beyond the live ones: a small column is not compacted.
 STRINGS_COMPACT_SLACK = 1 << 16
 #: Recent id-map entries always tolerated before a merge: a small shard does not merge per write.

@@ -23,7 +23,7 @@ class BackupHeader(Model):
     index_name: IndexName = Field(description="the index backed up")
     salt: Hex
     verifier: Hex
-    n_shards: int = Field(ge=1, le=1024)
+    n_shards: int = Field(ge=1, le=256)
     created: str = Field(description="when the backup began (UTC, ISO 8601)")
     vaultvec_version: str
 

@@ -324,7 +324,7 @@ class Shard(ShardReads, ShardBackup):
                 self.snapshot(key)
             except StoreError as exc:  # the write is in the WAL: durable, and acknowledged
                 log.warning(
-                    "snapshot of %s shard %d failed (%s); retried on the next write",
+                    "snapshot of %s shard %d failed (%s); tried again at the next roll",
                     self.name,
                     self.shard_no,
                     exc,
@@ -426,6 +426,8 @@ class Shard(ShardReads, ShardBackup):
                 if self.partition is None:  # no items yet: later ones go to the new lists
                     self.partition = PartitionIndex.from_template(template, 0)
                     self.version, self.nprobe_table = version, tuple(nprobe_table)
+                    frame, gen = self._capture(), self.log.roll()  # kept across a reload
+                    self.log.write_snapshot(key, frame, gen)
                     return self.stats(key)
                 labels = self.items.live_labels()
                 dimension = self.partition.dimension
@@ -489,6 +491,7 @@ class Shard(ShardReads, ShardBackup):
             self._retired = True
             self._loaded = False
             self._reset()
+            self._incoming = None  # a restore's chunks, if one was under way
 
     def ping(self) -> bool:
         return True

@@ -11,17 +11,23 @@ a backup is the state at one instant; sealing and sending it happen after, while
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from actors import constants
 from actors.engine import shard_state
 from actors.engine.items import ItemTable
+from actors.engine.ivf import PartitionIndex
 from actors.engine.rwlock import RWLock
 from actors.engine.shard_log import ShardLog
 from actors.errors import DecryptError, InvalidRequest
 from actors.process import heap
+from actors.storage import codec
 from actors.storage.crypto import aad, open_sealed, seal
 from actors.types import BackupSource
 
@@ -36,6 +42,7 @@ class _Incoming:
 
     backup_id: str
     parts: list[bytes] = field(default_factory=list)
+    at: float = field(default_factory=time.monotonic)  # when the last chunk arrived
 
 
 class ShardBackup:
@@ -46,7 +53,13 @@ class ShardBackup:
     log: ShardLog
     _lock: RWLock
     _snapshot_lock: threading.Lock
+    partition: PartitionIndex | None
     _incoming: _Incoming | None = None
+    restored: tuple[str, int] | None = None  # (backup id, items) once a backup's part is in
+    _loaded: bool
+
+    def _reset(self) -> None:
+        raise NotImplementedError
 
     def _reading(self, key: bytes) -> AbstractContextManager[None]:
         raise NotImplementedError
@@ -65,7 +78,8 @@ class ShardBackup:
         all, the state's training version, sealed chunk) each."""
         with self._reading(key):
             frame = memoryview(self._capture())
-            version = self.version
+            # -1: empty and never trained here (it takes the index's lists with its first item)
+            version = self.version if len(self.items) or self.partition is not None else -1
         size = constants.BACKUP_CHUNK_BYTES
         total = max(1, -(-len(frame) // size))
         for n in range(total):
@@ -80,6 +94,8 @@ class ShardBackup:
         last, the state they hold replaces this shard's (which must be empty) and is stored
         as its snapshot, sealed under ``key``. Returns the items installed after the last
         chunk, None before it."""
+        if self.restored is not None and self.restored[0] == source.backup_id and n + 1 == total:
+            return self.restored[1]  # the last chunk again (its answer was lost): done already
         associated = chunk_aad(source.index_name, self.shard_no, source.backup_id, n, total)
         try:
             part = open_sealed(source.data_key, chunk, associated)
@@ -100,11 +116,15 @@ class ShardBackup:
                     f"{len(incoming.parts)} chunks: send them in order, from chunk 0"
                 )
             incoming.parts.append(part)
+            incoming.at = time.monotonic()
             if n + 1 < total:
                 return None
             self._incoming = None
             frame = b"".join(incoming.parts)
             del incoming, part
+            meta, arrays = codec.unpack(frame)
+            check_frame(meta, arrays, self.shard_no)
+            del meta, arrays
             state = shard_state.restore(frame)
             with self._lock.write():
                 self._ensure_loaded(key)
@@ -115,7 +135,46 @@ class ShardBackup:
                 self._install(state)
                 gen = self.log.roll()
                 count = len(self.items)
-            self.log.write_snapshot(key, frame, gen)
+                try:
+                    self.log.write_snapshot(key, frame, gen)
+                except BaseException:  # not stored: not installed either (send it again)
+                    self._loaded = False
+                    self._reset()
+                    raise
+            self.restored = (source.backup_id, count)
         del frame, state
         heap.trim()
         return count
+
+    def drop_abandoned(self, idle_s: float) -> None:
+        """Forget a restore's chunks received so far if none came for ``idle_s`` seconds (the
+        pool's housekeeping; skipped while a chunk is being taken in)."""
+        incoming = self._incoming
+        if incoming is None or time.monotonic() - incoming.at < idle_s:
+            return
+        if self._snapshot_lock.acquire(blocking=False):
+            try:
+                if self._incoming is incoming:
+                    self._incoming = None
+            finally:
+                self._snapshot_lock.release()
+
+
+def check_frame(meta: dict[str, Any], arrays: dict[str, np.ndarray], shard_no: int) -> None:
+    """Bounds of a restored state, checked before anything is allocated from it: the per-item
+    arrays agree, labels lie below ``next_label``, and ``next_label`` is not far past the items
+    (what the arrays a shard allocates per label are sized by)."""
+    labels = arrays.get("labels")
+    n = 0 if labels is None else len(labels)
+    per_item = ("ids_len", "meta_len", "contents_len", "norms")
+    next_label = meta.get("next_label")
+    ok = (
+        labels is not None
+        and isinstance(next_label, int)
+        and 0 <= next_label <= 4 * n + constants.RESTORE_SPARE_LABELS
+        and all(k in arrays and len(arrays[k]) == n for k in per_item)
+        and (n == 0 or (int(labels.min()) >= 0 and int(labels.max()) < next_label))
+        and (n == 0 or "index" in arrays)
+    )
+    if not ok:
+        raise InvalidRequest(f"shard {shard_no}'s part of the backup is not a shard's state")

@@ -257,6 +257,11 @@ class ShardPool:
         with self._call("restore_chunk"):
             return self._shard(p).restore_chunk(key, source, n, total, chunk)
 
+    def restored(self, p: Partition | str) -> tuple[str, int] | None:
+        """(backup id, items) of the backup part this partition installed, if it did."""
+        with self._call("restored"):
+            return self._shard(p).restored
+
     def rebuild(
         self,
         p: Partition | str,
@@ -356,9 +361,11 @@ class ShardPool:
         return unloaded
 
     def housekeep(self) -> None:
-        """One pass of the actor's housekeeping thread (every HOUSEKEEPING_PERIOD_S): evict
-        (with a budget or a TTL), and trim the heap when no call ran since the last pass and
+        """One pass of the actor's housekeeping thread (every HOUSEKEEPING_PERIOD_S): drop
+        abandoned restores' chunks, evict (with a budget or a TTL), and trim the heap when no call ran since the last pass and
         private memory grew TRIM_GROWTH_BYTES since the last trim (actors.constants)."""
+        for shard in list(self._hosted.values()):  # abandoned restores' chunks
+            shard.drop_abandoned(constants.RESTORE_IDLE_S)
         if self.options.budget_bytes or self.options.idle_ttl_s:
             self.evict()
         quiet = self._idle.quiet()  # asked every pass, so that it spans a whole period

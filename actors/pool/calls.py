@@ -83,6 +83,8 @@ class ShardCalls(Protocol):
         self, p: Partition | str, key: bytes, source: BackupSource, n: int, total: int, chunk: bytes
     ) -> int | None: ...
 
+    def restored(self, p: Partition | str) -> tuple[str, int] | None: ...
+
     def match_ids(
         self,
         p: Partition | str,

@@ -181,12 +181,18 @@ class ShardClient:
     def backup(self, key: bytes, backup_id: str) -> Any:
         """The partition's part of a backup: Ray's generator of references to its sealed chunks
         (the state is taken when the call starts)."""
-        return self.handle.backup.options(num_returns="streaming").remote(self._p, key, backup_id)
+        # A few chunks ahead of the reader at most: the object store does not fill with the
+        # index while a slow client reads it.
+        options = {"num_returns": "streaming", "_generator_backpressure_num_objects": 4}
+        return self.handle.backup.options(**options).remote(self._p, key, backup_id)
 
     def restore_chunk(
         self, key: bytes, source: BackupSource, n: int, total: int, chunk: bytes
     ) -> ObjectRef[int | None]:
         return self.handle.restore_chunk.remote(self._p, key, source, n, total, chunk)
+
+    def restored(self) -> ObjectRef[tuple[str, int] | None]:
+        return self.handle.restored.remote(self._p)
 
     def pool_stats(self) -> ObjectRef[PoolStats]:
         """The memory of the pool actor hosting the partition."""

@@ -98,6 +98,7 @@ def delete_epoch(store: Store, index_id: str, epoch: int) -> None:
     root = epoch_prefix(index_id, epoch)
     if epoch == 0:  # shares its prefix with the catalog entry and the later epochs
         store.delete(config_key(index_id))
+        store.delete(probing_key(index_id))
         store.delete_prefix(key_join(root, "template") + "/")
         store.delete_prefix(key_join(root, "shards") + "/")
     else:

@@ -252,7 +252,8 @@ class Engine:
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else 0
+        # The items searched: as the shards last reported, else as many as were trained on.
+        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
         rows = self.monitor.pick(len(x), q.top_k, state, items)
         if len(rows):
             job = (cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())
@@ -336,8 +337,9 @@ class Engine:
             early = state.sampled < constants.RECALL_EARLY
             state.record(exact.bucket, overlap(served, exact.ids.tolist()), exact.needed)
             now = time.monotonic()
-            if (early and state.sampled >= constants.RECALL_EARLY) or (
-                now - state.saved_at > constants.RECALL_SAVE_S
+            learned = state.seeded or state.sampled >= constants.RECALL_EARLY
+            if learned and (
+                early or now - state.saved_at > constants.RECALL_SAVE_S
             ):  # kept with the index: a restart starts from what was learned
                 state.saved_at = now
                 self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())

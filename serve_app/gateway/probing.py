@@ -26,8 +26,10 @@ estimate and scales; a training swap (new version) starts them afresh.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +40,8 @@ from actors.control.training import smallest_scale
 from actors.storage import codec
 from actors.types import BUCKETS
 from serve_app import constants
+
+log = logging.getLogger("vaultvec.probing")
 
 
 @dataclass
@@ -74,7 +78,11 @@ class IndexProbing:
     sampled: int = 0  # queries measured
     queries: int = 0  # queries answered with automatic probing
     lists_scanned: float = 0.0  # their lists scanned (per query, averaged over shards), summed
-    saved_at: float = 0.0  # when this replica last handed it to the control plane (monotonic)
+    # When this replica last handed it to the control plane (monotonic), and whether it may:
+    # one it started afresh only once it measured RECALL_EARLY queries, so that it does not
+    # replace a longer-learned state another replica (or an earlier run) kept.
+    saved_at: float = field(default_factory=time.monotonic)
+    seeded: bool = False
 
     @property
     def scales(self) -> tuple[float, ...]:
@@ -157,9 +165,12 @@ class RecallMonitor:
         RECALL_MAX_INDEXES are dropped (their scales start again at 1)."""
         state = self._indexes.get(index_id)
         if state is None or state.version != version:
-            kept = IndexProbing.unpack(stored) if stored else None
-            fresh = kept if kept is not None and kept.version == version else None
-            state = self._indexes[index_id] = fresh or IndexProbing(version, target)
+            kept = _unpacked(stored) if stored else None
+            if kept is not None and kept.version == version:
+                kept.seeded = True
+                state = self._indexes[index_id] = kept
+            else:
+                state = self._indexes[index_id] = IndexProbing(version, target)
             while len(self._indexes) > constants.RECALL_MAX_INDEXES:
                 self._indexes.popitem(last=False)
         self._indexes.move_to_end(index_id)
@@ -200,6 +211,16 @@ class RecallMonitor:
             return np.zeros(0, dtype=np.int64)
         rows = self._rng.sample(range(nq), min(count, constants.RECALL_MAX_ROWS))
         return np.sort(np.asarray(rows, dtype=np.int64))
+
+
+def _unpacked(stored: bytes) -> IndexProbing | None:
+    """The kept state, or None when it does not read (a vaultvec that kept it otherwise): the
+    index then learns afresh rather than fail its queries."""
+    try:
+        return IndexProbing.unpack(stored)
+    except (KeyError, IndexError, ValueError, TypeError):
+        log.warning("the kept probing state does not read; learning afresh")
+        return None
 
 
 def overlap(found: list[list[str | None]], exact: list[list[str | None]]) -> np.ndarray:

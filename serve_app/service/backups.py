@@ -74,8 +74,8 @@ async def backup(svc: Services, body: BackupRequest) -> AsyncIterator[bytes]:
     before this returns)."""
     engine = svc.engine
     cv = await open_index(engine, body.index_name, body.index_key, Right.MANAGE)
+    cv = await engine.reload(cv)  # the config as the control plane has it now, not as cached
     stats = await engine.shard_stats(cv)
-    cv = await engine.refresh_if_stale(cv, [st.version for st in stats], now=True)
     cfg, meta = cv.config, cv.view.meta
     backup_id = secrets.token_hex(16)
     template = await engine.control.template(meta.name, cv.key) if cfg.is_trained else None
@@ -110,7 +110,7 @@ async def _stream(
             n = 0
             async for ref in part:
                 total, version, blob = await ref
-                if version != cv.config.version:
+                if version not in (cv.config.version, -1):  # -1: an empty shard
                     raise InvalidRequest("the index was trained during the backup: run it again")
                 yield frame(CHUNK, CHUNK_HEAD.pack(s, n, total) + blob)
                 n += 1
@@ -204,11 +204,19 @@ async def restore_commit(svc: Services, body: RestoreCommitRequest) -> int:
     """Open the restored index once every shard holds its part; returns its items."""
     engine = svc.engine
     cv, source = await _restoring(svc, body)
+    done = await engine.all_shards(cv, lambda c: c.restored())
+    missing = [s for s, d in enumerate(done) if d is None or d[0] != source.backup_id]
+    if missing:
+        raise InvalidRequest(
+            f"shards {missing} did not install their part of the backup (or lost it in a "
+            "restart): send every shard's part, then commit; or delete the index and restore again"
+        )
+    counts = [d[1] for d in done if d is not None]
     stats = await engine.shard_stats(cv)
-    if [st.count for st in stats] != body.counts:
+    if [st.count for st in stats] != counts or counts != body.counts:
         raise InvalidRequest(
             f"the shards hold {[st.count for st in stats]} items, not the {body.counts} their "
-            "parts installed: send every shard's part, then commit"
+            "parts installed: delete the index and restore again"
         )
     await engine.control.restored(body.index_name, cv.key, source.backup_id)
     engine.forget(body.index_name)

@@ -9,7 +9,7 @@ from typing import Any
 from actors.control.options import new_index_id
 from actors.control.training import TrainParams
 from actors.engine.ivf import default_pq_dim
-from actors.errors import InvalidRequest
+from actors.errors import IndexRestoring, InvalidRequest
 from actors.storage.crypto import derive_keys, new_salt, parse_index_key
 from actors.types import IndexConfig, IndexMeta
 from serve_app.access import context, rights
@@ -252,7 +252,9 @@ async def rotate_key(svc: Services, body: RotateKeyRequest) -> dict[str, Any]:
     new_key = parse_index_key(body.new_index_key)
     if new_key == parse_index_key(body.index_key):
         raise InvalidRequest("new_index_key must differ from index_key")
-    _, keys = await engine.keys(body.index_name, body.index_key)
+    meta, keys = await engine.keys(body.index_name, body.index_key)
+    if meta.restoring:  # the restore needs the key the backup was made with
+        raise IndexRestoring(f"index {body.index_name!r} is being restored from a backup")
     salt = new_salt()
     new = derive_keys(new_key, body.index_name, salt)
     await engine.control.rotate_key(
