@@ -1,6 +1,6 @@
 """Managing data on the PostgreSQL store, an index in one shard or in two on two nodes, behind
 two gateways: count, update and delete by filter against the filter oracle, a cursor's scan under
-writes, and a backup restored under a new name."""
+writes, a backup restored under a new name, and its export."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from cluster.bulk import backup as tool
+from cluster.bulk.export import export
 from cluster.client import Client
 from tests.cluster.load import vector_of
 from tests.cluster.support import API_KEY, RayCluster, create
@@ -85,6 +87,10 @@ def test_data_operations_on_postgresql_across_nodes(
             try:
                 assert n == restored.count() == idx.count()
                 assert pages(restored, 1000) == pages(idx, 1000)
+                out = tmp_path / "restored.jsonl"
+                assert export(vv.index(name, idx.key), out, show_progress=False) == n
+                exported = [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()]
+                assert exported == pages(idx, 1000)
                 assert count(restored, {"tag": "x"}) == N // 9
                 sample = sorted(alive)[:20]
                 want = idx.get(sample, include=["vector", "metadata"])
