@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -50,7 +50,8 @@ from serve_app.gateway.calls import (
     within,
 )
 from serve_app.gateway.hits import Hits, Merge, Query, entries, patch, top_k
-from serve_app.gateway.probing import RecallMonitor, overlap
+from serve_app.gateway.measuring import Measuring
+from serve_app.gateway.probing import RecallMonitor
 
 log = logging.getLogger("vaultvec.engine")
 ShardCall = tuple[int, Callable[[ShardClient], Awaitable[Any]]]  # (shard number, the call)
@@ -73,7 +74,7 @@ class CachedView:
         return self.view.config
 
 
-class Engine:
+class Engine(Measuring):
     def __init__(
         self,
         control: ControlClient,
@@ -252,17 +253,7 @@ class Engine:
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        # The items searched: as the shards last reported, else as many as were trained on.
-        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
-        rows = self.monitor.pick(len(x), q.top_k, state, items)
-        if len(rows):
-            job = (cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())
-            if self.monitor.busy:  # an early one: measured after the one under way
-                self.monitor.waiting.append(job)
-            else:
-                task = asyncio.create_task(self._measure(*job))
-                self._measuring.add(task)
-                task.add_done_callback(self._measuring.discard)
+        self._sample(cv, x, q, probing, hits, state)
         return hits
 
     async def search_one(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:
@@ -296,57 +287,6 @@ class Engine:
             hits = await self.search(cv, np.concatenate([s.x for s in items]), q)
         stages.share(batch, (s.timer for s in items))
         return hits.rows()
-
-    async def _measure(
-        self,
-        cv: CachedView,
-        x: np.ndarray,
-        q: Query,
-        probing: Probing,
-        served: list[list[str | None]],
-    ) -> None:
-        """Answer sampled queries exactly, with the scale each exact result needs, and record
-        them (serve_app.gateway.probing); in the background, one batch at a time, then those
-        that waited meanwhile (RecallMonitor.pick samples nothing else meanwhile)."""
-        stages.detach()  # not a stage of the request whose context this task copied
-        self.monitor.busy = True
-        try:
-            job: tuple[Any, ...] | None = (cv, x, q, probing, served)
-            while job is not None:
-                await self._measure_one(*job)
-                job = self.monitor.waiting.popleft() if self.monitor.waiting else None
-        finally:
-            self.monitor.busy = False
-
-    async def _measure_one(
-        self,
-        cv: CachedView,
-        x: np.ndarray,
-        q: Query,
-        probing: Probing,
-        served: list[list[str | None]],
-    ) -> None:
-        try:
-            cfg = cv.config
-            # The shards search every list themselves: the plan sent is one list wide.
-            exact = await self._search(
-                cv, x, replace(q, with_metadata=False), 1, replace(probing, mode="measure")
-            )
-            assert exact.needed is not None
-            state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
-            early = state.sampled < constants.RECALL_EARLY
-            state.record(exact.bucket, overlap(served, exact.ids.tolist()), exact.needed)
-            now = time.monotonic()
-            learned = state.seeded or state.sampled >= constants.RECALL_EARLY
-            if learned and (
-                early or now - state.saved_at > constants.RECALL_SAVE_S
-            ):  # kept with the index: a restart starts from what was learned
-                state.saved_at = now
-                self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())
-        except Exception as exc:  # the query went on without it; say why, never what it was
-            log.warning(
-                "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
-            )
 
     async def _search(
         self,

@@ -1,0 +1,106 @@
+"""How the gateway measures its automatic probing (serve_app.gateway.probing): which queries
+of an answered batch are measured, and their exact answers in the background, one batch at a
+time; serve_app.gateway.engine.Engine inherits it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from actors.control.client import ControlClient
+from actors.types import Probing
+from serve_app import constants
+from serve_app import telemetry as stages
+from serve_app.gateway.hits import Hits, Query
+from serve_app.gateway.probing import IndexProbing, RecallMonitor, overlap
+
+if TYPE_CHECKING:
+    from serve_app.gateway.engine import CachedView
+
+log = logging.getLogger("vaultvec.engine")
+
+
+class Job(NamedTuple):
+    """Sampled queries of one answered batch, with what they were served."""
+
+    cv: CachedView
+    x: np.ndarray
+    q: Query
+    probing: Probing
+    served: list[list[str | None]]
+
+
+class Measuring:
+    monitor: RecallMonitor
+    control: ControlClient
+    _measuring: set[asyncio.Task[None]]
+
+    async def _search(
+        self, cv: CachedView, x: np.ndarray, q: Query, nprobe: int, probing: Probing
+    ) -> Hits:
+        raise NotImplementedError
+
+    def _sample(
+        self,
+        cv: CachedView,
+        x: np.ndarray,
+        q: Query,
+        probing: Probing,
+        hits: Hits,
+        state: IndexProbing,
+    ) -> None:
+        """Measure the rows RecallMonitor.pick chooses of a batch just answered, in the
+        background (after the batch under way, for early ones)."""
+        cfg = cv.config
+        # The items searched: as the shards last reported, else as many as were trained on.
+        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
+        rows = self.monitor.pick(len(x), q.top_k, state, items)
+        if not len(rows):
+            return
+        job = Job(cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())
+        if self.monitor.busy:  # an early one: measured after the one under way
+            self.monitor.waiting.append(job)
+            return
+        task = asyncio.create_task(self._measure(job))
+        self._measuring.add(task)
+        task.add_done_callback(self._measuring.discard)
+
+    async def _measure(self, job: Job) -> None:
+        """Answer sampled queries exactly, with the scale each exact result needs, and record
+        them (serve_app.gateway.probing); one batch at a time, then those that waited
+        meanwhile (RecallMonitor.pick samples nothing else meanwhile)."""
+        stages.detach()  # not a stage of the request whose context this task copied
+        self.monitor.busy = True
+        try:
+            next_job: Any = job
+            while next_job is not None:
+                await self._measure_one(next_job)
+                next_job = self.monitor.waiting.popleft() if self.monitor.waiting else None
+        finally:
+            self.monitor.busy = False
+
+    async def _measure_one(self, job: Job) -> None:
+        cv = job.cv
+        try:
+            cfg = cv.config
+            # The shards search every list themselves: the plan sent is one list wide.
+            measure = replace(job.probing, mode="measure")
+            exact = await self._search(cv, job.x, replace(job.q, with_metadata=False), 1, measure)
+            assert exact.needed is not None
+            state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
+            early = state.sampled < constants.RECALL_EARLY
+            state.record(exact.bucket, overlap(job.served, exact.ids.tolist()), exact.needed)
+            now = time.monotonic()
+            learned = state.seeded or state.sampled >= constants.RECALL_EARLY
+            if learned and (early or now - state.saved_at > constants.RECALL_SAVE_S):
+                state.saved_at = now  # kept with the index: a restart starts from it
+                self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())
+        except Exception as exc:  # the query went on without it; say why, never what it was
+            log.warning(
+                "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
+            )
