@@ -14,6 +14,7 @@ from ray import ObjectRef
 from actors import constants
 from actors.engine.filters import FilterNode
 from actors.engine.updates import Update
+from actors.errors import VaultvecError
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
 from actors.types import (
@@ -31,6 +32,15 @@ from actors.types import (
 )
 
 __all__ = ["ShardCalls", "ShardClient"]
+
+
+class PiecesWritten(Exception):
+    """A multi-piece upsert failed after some of its pieces were written: their ids, and the
+    failure (the gateway tells the client which items were not written)."""
+
+    def __init__(self, written: list[str], failure: VaultvecError) -> None:
+        super().__init__(failure.detail)
+        self.written, self.failure = written, failure
 
 
 class ShardClient:
@@ -100,6 +110,7 @@ class ShardClient:
 
         done: list[ShardStats] = []
         under_way: set[asyncio.Task[ShardStats]] = set()
+        piece_of: dict[asyncio.Task[ShardStats], UpsertBatch] = {}
         try:
             for piece in parts:
                 while len(under_way) >= constants.UPSERT_PIECES_IN_FLIGHT:
@@ -107,12 +118,22 @@ class ShardClient:
                         under_way, return_when=asyncio.FIRST_COMPLETED
                     )
                     done += await asyncio.gather(*finished)  # a failure stops the sending
-                under_way.add(asyncio.ensure_future(send(piece)))
+                task = asyncio.ensure_future(send(piece))
+                under_way.add(task)
+                piece_of[task] = piece
             done += await asyncio.gather(*under_way)
-        except Exception:
+        except Exception as exc:
             # sent: let them land before the caller hears of the failure (their own failures,
             # if any, are retrieved here and dropped: the first one is raised)
             await asyncio.gather(*under_way, return_exceptions=True)
+            written = [
+                i
+                for task, piece in piece_of.items()
+                if task.done() and not task.cancelled() and task.exception() is None
+                for i in piece.ids
+            ]
+            if written and isinstance(exc, VaultvecError):  # others are retried whole
+                raise PiecesWritten(written, exc) from exc
             raise
         except BaseException:  # cancelled (the caller's deadline, or it went away)
             for task in under_way:

@@ -26,7 +26,7 @@ from actors.control.client import ControlClient, cause
 from actors.control.options import IndexView
 from actors.engine.filters import FilterNode
 from actors.errors import IndexNotFound, IndexRetired, Unauthorized, Unavailable, VaultvecError
-from actors.pool.client import ShardClient
+from actors.pool.client import PiecesWritten, ShardClient
 from actors.storage.crypto import IndexKeys, derive_keys, parse_index_key, verify
 from actors.types import (
     IndexConfig,
@@ -338,7 +338,13 @@ class Engine(Measuring):
             rows = np.flatnonzero(assign == s)
             if len(rows):
                 calls.append((s, partial(_upsert, cv.key, make_batch(rows))))
-        stats = await self.fan_out(cv, calls)
+        outcomes = await asyncio.gather(
+            *(self.fan_out(cv, [call]) for call in calls), return_exceptions=True
+        )
+        failed = [(s, o) for (s, _), o in zip(calls, outcomes) if isinstance(o, BaseException)]
+        if failed:
+            raise unwritten(ids, assign, failed)
+        stats = [o[0] for o in outcomes]  # type: ignore[index]
         touched = [s for s, _ in calls]
         for s, st in zip(touched, stats):
             cv.counts[s] = st.count
@@ -437,6 +443,29 @@ class Single(NamedTuple):
     cv: CachedView
     x: np.ndarray  # (1, d)
     timer: stages.Timer | None  # its request's stage timer
+
+
+def unwritten(
+    ids: list[str], assign: np.ndarray, failed: list[tuple[int, BaseException]]
+) -> BaseException:
+    """The error of an upsert some shards failed: the first failure, as it was when nothing
+    of the request was written; else saying which items were not (``errors[0]["ids"]``), the
+    others being written (upserting the same items again is safe)."""
+    first = failed[0][1]
+    failure = cause(first.failure) if isinstance(first, PiecesWritten) else first
+    if not isinstance(failure, VaultvecError):
+        return failure
+    written = {i for _, o in failed if isinstance(o, PiecesWritten) for i in o.written}
+    lost = {s for s, _ in failed}
+    missing = [i for i, s in zip(ids, assign.tolist()) if s in lost and i not in written]
+    if len(missing) == len(ids):
+        return failure
+    detail = (
+        f"{failure.detail} ({len(missing)} of the request's {len(ids)} items were not written: "
+        "their ids are in errors; the others were, and upserting the same items again is safe)"
+    )
+    errors = [{"loc": ["items"], "msg": "not written", "type": "not_written", "ids": missing}]
+    return type(failure)(detail, errors=errors)
 
 
 def plan_width(first: int) -> int:

@@ -12,14 +12,22 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.control.client import ControlClient
 from actors.control.options import IndexView
-from actors.errors import IndexNotFound, IndexRetired, InvalidRequest, Unavailable
+from actors.errors import (
+    IndexNotFound,
+    IndexRetired,
+    InternalError,
+    InvalidRequest,
+    Unavailable,
+)
+from actors.pool import wire
 from actors.pool.client import ShardClient
-from actors.types import IndexConfig, IndexMeta
+from actors.types import IndexConfig, IndexMeta, ShardStats, UpsertBatch
 from serve_app.gateway.calls import StaleIndex, retry_stale
 from serve_app.gateway.engine import CachedView, Engine
 
@@ -190,3 +198,53 @@ def test_stale_twice_is_a_503() -> None:
 
     with pytest.raises(Unavailable):
         run(retry_stale(request))
+
+
+class UpsertShard:
+    """A fake shard handle answering ``upsert`` pieces from a script of outcomes."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script, self.pieces = list(script), []
+
+    @property
+    def upsert(self) -> UpsertShard:
+        return self
+
+    def options(self, **_: Any) -> UpsertShard:
+        return self
+
+    def remote(self, partition: Any, key: bytes, batch: Any) -> Ref:
+        self.pieces.append(list(batch.ids))
+        outcome = self.script.pop(0) if self.script else ShardStats(len(batch.ids), 0, 0)
+        return Ref(outcome)
+
+
+def upsert_of(ids: list[str]) -> Any:
+    x = np.zeros((len(ids), 4), dtype=np.float32)
+    return lambda rows: UpsertBatch(
+        [ids[r] for r in rows], x[rows], None, [None] * len(rows), [None] * len(rows)
+    )
+
+
+def test_an_upsert_some_shards_failed_names_the_items_not_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    whole = wire.pieces
+    monkeypatch.setattr(wire, "pieces", lambda batch: whole(batch, 200))  # pieces of 2-3 items
+    ids = [f"id-{i}" for i in range(40)]
+    full = InternalError("store full")
+    a = UpsertShard([ShardStats(1, 0, 0), full])  # its second piece fails
+    b = UpsertShard([])  # all written
+    cv = cached(a, b)  # type: ignore[arg-type]
+    with pytest.raises(InternalError) as info:
+        run(engine().upsert_batches(cv, ids, upsert_of(ids)))
+    missing = info.value.errors[0]["ids"]  # type: ignore[index]
+    written_b = {i for piece in b.pieces for i in piece}
+    assert len(a.pieces) >= 2 and written_b, "both shards took some of the request"
+    assert set(missing) == set(ids) - set(a.pieces[0]) - written_b  # exactly the others
+    assert "not written" in info.value.detail
+    # nothing written at all: the failure as it was, no list
+    c = UpsertShard([InternalError("store full")] * 10)
+    with pytest.raises(InternalError) as info:
+        run(engine().upsert_batches(cached(c), ids, upsert_of(ids)))  # type: ignore[arg-type]
+    assert info.value.errors is None and info.value.detail == "store full"
