@@ -68,19 +68,24 @@ def test_the_api_port_speaks_https_only(server: tuple[Served, Path]) -> None:
 
 
 def test_keep_alive_holds_over_tls(server: tuple[Served, Path]) -> None:
+    """The TLS connection carries request after request. On the fast path a reload of HAProxy
+    (Serve reloads it when its replicas change, e.g. while the embedder or a gateway starts)
+    closes idle keep-alive connections after their response, by design (its
+    idle-close-on-response): one close in the run is that, and the client reconnects."""
     srv, ca_pem = server
     context = ssl.create_default_context(cafile=ca_pem)
     conn = http.client.HTTPSConnection("127.0.0.1", srv.port, context=context, timeout=30)
     try:
+        closes, used = 0, []
         for _ in range(20):
-            conn.request("GET", "/v1/health")
+            conn.request("GET", "/v1/health")  # reconnects after a close
+            used.append(conn.sock)  # the TLS connection this request went over (kept alive)
             r = conn.getresponse()
             assert r.status == 200 and json.loads(r.read())["status"] == "healthy"
-            assert not r.will_close
-        sock = conn.sock
-        conn.request("GET", "/v1/health")
-        conn.getresponse().read()
-        assert conn.sock is sock  # the same TLS connection for every request
+            closes += r.will_close
+        assert closes <= 1, f"{closes} of 20 responses closed the connection"
+        # one connection, and one more after a close (unless the last response closed it)
+        assert len({id(sock) for sock in used}) == 1 + closes - int(r.will_close)
     finally:
         conn.close()
 
