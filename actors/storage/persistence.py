@@ -353,19 +353,20 @@ def put_snapshot(
     most ``chunk_bytes`` when it is larger), then drop the epoch's older snapshots and the WAL
     generations it covers. A snapshot cut short by a crash is never loaded (its chunks are not
     all there: :func:`load_snapshot` takes the one before) and goes with the next one."""
-    view = memoryview(frame)
-    parts = max(1, -(-len(frame) // chunk_bytes))
-    for k in _stored(store, index_id, shard, "snap", epoch).get(gen, []):
+    stored = _stored(store, index_id, shard, "snap", epoch)
+    for k in stored.pop(gen, []):
         store.delete(k)  # left by an earlier attempt at this generation, cut short
+    parts = max(1, -(-len(frame) // chunk_bytes))
     if parts == 1:
-        store.put(
-            snap_key(index_id, shard, gen, epoch), seal(key, frame, _snap_aad(name, shard, gen))
-        )
-    for i in range(parts if parts > 1 else 0):
-        piece = view[i * chunk_bytes : (i + 1) * chunk_bytes]
-        blob = seal(key, piece, _snap_aad(name, shard, gen, i, parts))
-        store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
-    for old, keys in _stored(store, index_id, shard, "snap", epoch).items():
+        blob = seal(key, frame, _snap_aad(name, shard, gen))
+        store.put(snap_key(index_id, shard, gen, epoch), blob)
+    else:
+        view = memoryview(frame)
+        for i in range(parts):
+            piece = view[i * chunk_bytes : (i + 1) * chunk_bytes]
+            blob = seal(key, piece, _snap_aad(name, shard, gen, i, parts))
+            store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
+    for old, keys in stored.items():  # listed before: the shard's snapshots are written in turn
         if old < gen:
             for k in keys:
                 store.delete(k)

@@ -145,7 +145,7 @@ async def list_ids(svc: Services, body: ListIdsRequest) -> tuple[list[str], str 
         ids = await svc.engine.match_ids(cv, None, None)
         cursor = None
     else:
-        ids, cursor = await page(svc.engine, cv, body, "list_ids", None)
+        ids, cursor = await page(svc.engine, cv, body, "list_ids", None, None)
     context.note(items=len(ids))
     return ids, cursor
 
@@ -156,12 +156,18 @@ def refuse_cursor(body: Paged, route: str) -> None:
 
 
 async def page(
-    engine: Engine, cv: CachedView, body: Paged, route: str, filters: dict[str, Any] | None
+    engine: Engine,
+    cv: CachedView,
+    body: Paged,
+    route: str,
+    filters: dict[str, Any] | None,
+    node: FilterNode | None,
 ) -> tuple[list[str], str | None]:
-    """One page of a scan in id order: its ids and the next page's cursor (None: the last)."""
+    """One page of a scan in id order (of the items ``node``, parsed from ``filters``,
+    matches): its ids and the next page's cursor (None: the last)."""
     assert body.limit is not None
     after = "" if body.cursor is None else cursors.open_cursor(cv, route, filters, body.cursor)
-    ids, more = await engine.page_ids(cv, parse_filter(filters), after, body.limit)
+    ids, more = await engine.page_ids(cv, node, after, body.limit)
     return ids, (cursors.seal_cursor(cv, route, filters, ids[-1]) if more else None)
 
 
@@ -196,7 +202,7 @@ async def query_metadata(
     scores: dict[str, float] = {}
     cursor = None
     if body.limit is not None:
-        ids, cursor = await page(engine, cv, body, "query_metadata", body.filters or None)
+        ids, cursor = await page(engine, cv, body, "query_metadata", body.filters or None, node)
     elif search is not None:
         hits = await fulltext.ranked(engine, cv, search, node, body.top_k)
         ids, scores = hits.ids, dict(zip(hits.ids, hits.scores, strict=True))
