@@ -36,6 +36,21 @@ GATEWAY_STALE_S = 60.0
 # -- a shard's engine (actors.engine) ----------------------------------------------------------
 #: A removal touching up to this many lists goes list by list; past it faiss's threaded scan wins.
 PER_LIST_REMOVE_MAX = 64
+#: Filter evaluations a shard keeps for queries that repeat a filter (actors.engine.selection):
+#: each holds one bit per label and a count per list (about 130 KB at 1M items).
+SELECTION_CACHE_ENTRIES = 32
+#: Reconstructing at least this many items at once looks their places up in a map of every
+#: label's place (PartitionIndex._places, 8 bytes per item, kept until the lists change).
+RECONSTRUCT_MAP_MIN = 1024
+#: A filter matching few enough items is answered by an exact scan of them (Selection.
+#: scan_exactly): at most this many vector values (items x dimension; 31,250 items of 128
+#: dimensions), gathered at once for a batch of EXACT_SCAN_BATCH queries or when at most
+#: EXACT_SCAN_LISTS lists hold them, else from the filter's second use on; the gathered vectors
+#: of a shard's kept selections take at most SELECTION_GATHER_BYTES.
+EXACT_SCAN_WORK = 4_000_000
+EXACT_SCAN_BATCH = 8
+EXACT_SCAN_LISTS = 32
+SELECTION_GATHER_BYTES = 64 << 20
 #: Lists are laid out afresh once entries added or removed since reach this share of the partition.
 LISTS_COMPACT_SHARE = 0.25
 #: ...and at least this many entries: a small partition is not laid out again after every write.

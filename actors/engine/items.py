@@ -18,6 +18,7 @@ from actors.engine.filters import FilterNode, MetadataColumns
 from actors.engine.fulltext import FieldIndex, TextIndex
 from actors.engine.idmap import IdMap
 from actors.engine.idorder import IdOrder
+from actors.engine.selection import GENERATIONS
 from actors.engine.strings import StringBlock, StringColumn
 from actors.storage.codec import pack_strings, unpack_strings
 
@@ -48,6 +49,7 @@ class ItemTable:
         self.columns = MetadataColumns()
         self.text = TextIndex()  # full-text postings, per field on first use
         self.id_order: IdOrder | None = None  # live labels by id, for cursors (on first use)
+        self.generation = next(GENERATIONS)  # a new one at every change (actors.engine.selection)
 
     def __len__(self) -> int:
         return len(self.id_map)
@@ -122,6 +124,7 @@ class ItemTable:
         n = len(ids)
         if len(set(ids)) != n:  # before any change: the table stays as it was
             raise ValueError("ItemTable.insert: ids must be distinct")
+        self.generation = next(GENERATIONS)
         replaced = self.id_map.remove(ids)
         if len(replaced):
             self.alive[replaced] = False
@@ -155,6 +158,7 @@ class ItemTable:
     def remove(self, ids: Sequence[str]) -> np.ndarray:
         labels = self.id_map.remove(ids)
         if len(labels):
+            self.generation = next(GENERATIONS)
             self.alive[labels] = False
             self.ids.clear(labels)
             self.ids.compact()

@@ -17,6 +17,7 @@ import numpy as np
 from faiss import swig_ptr
 
 from actors import constants
+from actors.engine.selection import GENERATIONS
 from actors.errors import InvalidRequest
 
 
@@ -130,6 +131,8 @@ class PartitionIndex:
         self.radii = radii if radii is not None else np.zeros(index.nlist, dtype=np.float32)
         self.list_of = np.empty(0, dtype=np.int32)  # label -> list number, -1: not here
         self._sizes: np.ndarray | None = None  # items per list, until list_of changes
+        self._offset_of: tuple[int, np.ndarray] | None = None  # (generation, label -> place)
+        self.generation = next(GENERATIONS)  # a new one at every change (actors.engine.selection)
         self.churn = 0  # entries added or removed since the lists were last laid out exactly
         for list_no in range(index.nlist):
             ids = self._ids(list_no)
@@ -158,6 +161,10 @@ class PartitionIndex:
     @property
     def dimension(self) -> int:
         return int(self.index.d)
+
+    @property
+    def is_flat(self) -> bool:
+        return isinstance(self.index, faiss.IndexIVFFlat)
 
     def assign(self, x: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
         """Coarse assignment: (squared distances, list numbers), nearest first."""
@@ -243,6 +250,7 @@ class PartitionIndex:
             self.index.ntotal = self.ntotal - removed
         self.list_of[labels] = -1
         self._sizes = None
+        self.generation = next(GENERATIONS)
         self.churn += len(labels)
 
     def needs_layout(self) -> bool:
@@ -294,14 +302,17 @@ class PartitionIndex:
             if len(ids):
                 ids[:] = new_of[ids]
         self.list_of = list_of
+        self._sizes = None
+        self.generation = next(GENERATIONS)
 
     def reconstruct(self, labels: np.ndarray) -> np.ndarray:
         """The stored vectors of ``labels`` (which must all be in the index), decoded."""
         labels = np.asarray(labels, dtype=np.int64)
         out = np.empty((len(labels), self.dimension), dtype=np.float32)
-        flat = isinstance(self.index, faiss.IndexIVFFlat)  # codes are the vectors themselves
+        flat = self.is_flat  # codes are the vectors themselves
+        many = len(labels) >= constants.RECONSTRUCT_MAP_MIN
         for list_no, rows in self._groups(labels):
-            offsets = self._offsets(list_no, labels[rows])
+            offsets = self._places()[labels[rows]] if many else self._offsets(list_no, labels[rows])
             if flat:
                 out[rows] = self._codes(list_no).view(np.float32)[offsets]
             else:
@@ -333,6 +344,7 @@ class PartitionIndex:
             self.list_of = grown
         self.list_of[labels] = list_nos
         self._sizes = None
+        self.generation = next(GENERATIONS)
 
     def _groups(self, labels: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(list number, rows of ``labels`` in that list) for each list holding some."""
@@ -343,6 +355,16 @@ class PartitionIndex:
             raise KeyError("label not in this partition")
         order = np.argsort(lists, kind="stable")
         return [(int(lists[order[a]]), order[a:b]) for a, b in _runs(lists[order])]
+
+    def _places(self) -> np.ndarray:
+        """Every label's place in its list, kept until the lists next change."""
+        if self._offset_of is None or self._offset_of[0] != self.generation:
+            places = np.zeros(len(self.list_of), dtype=np.int64)
+            for list_no in range(self.nlist):
+                ids = self._ids(list_no)
+                places[ids] = np.arange(len(ids))
+            self._offset_of = (self.generation, places)
+        return self._offset_of[1]
 
     def _offsets(self, list_no: int, labels: np.ndarray) -> np.ndarray:
         """Where in list ``list_no`` each of ``labels`` (all in it) is stored."""

@@ -7,7 +7,8 @@ A request says how to probe (actors.types.Probing); :func:`strategy_for` picks t
 - **fixed**: the lists the gateway planned, as given (an explicit ``n_probes``, the calibrated
   table, or an untrained index's one list: an exact search);
 - **adaptive**: automatic probing, each query scanning as many lists as what it finds asks for
-  (:func:`adaptive`);
+  (:func:`adaptive`), or under a filter matching few items, an exact scan of those
+  (:func:`exact_matching`);
 - **measure**: every list, exactly, with the slack each result needed (:func:`slack_needed`),
   for the gateway's recall estimate;
 - **greedy**: lists in centroid order until no unprobed list can hold a closer item
@@ -18,12 +19,15 @@ A new scorer (a text index's, say) is one more strategy and one more mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import faiss
 import numpy as np
 
 from actors.engine.ivf import PartitionIndex
+from actors.engine.selection import Selection
 from actors.types import SearchRequest, auto_nprobe, probe_slack
 
 
@@ -36,6 +40,7 @@ def adaptive(
     selector_bits: np.ndarray | None,
     first: int,
     slack: float,
+    counts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Automatic probing: how many lists each query scans is chosen from what it finds.
 
@@ -49,9 +54,11 @@ def adaptive(
     A query far from every centroid, or one whose filter leaves few candidates nearby,
     has a large ``Dk`` and scans more lists; one deep inside a dense list scans few. Queries
     whose plan (the gateway's ``list_nos``) is too short for the rule have their lists
-    assigned here, wider. Returns (distances, labels, lists scanned per query).
+    assigned here, wider. ``counts``: the matching items per list when known (else counted
+    here). Returns (distances, labels, lists scanned per query).
     """
-    counts = part.list_counts(selector_bits)
+    if counts is None:
+        counts = part.list_counts(selector_bits)
     return _adaptive(part, x, k, list_nos, coarse_dis, selector_bits, first, slack, counts)
 
 
@@ -205,12 +212,14 @@ def slack_needed(
     selector_bits: np.ndarray | None,
     first: int,
     labels: np.ndarray,
+    counts: np.ndarray | None = None,
 ) -> np.ndarray:
     """For results ``labels`` (nq, k; -1 = none) of queries ``x``: the smallest slack with
     which :func:`adaptive` scans each one's list (0 when the first pass does; nan
     for -1). The first pass does not depend on the slack, so one exact search tells how
     recall grows with it."""
-    counts = part.list_counts(selector_bits)
+    if counts is None:
+        counts = part.list_counts(selector_bits)
     found, _, _, p1, _ = _first_pass(part, x, k, list_nos, coarse_dis, selector_bits, first, counts)
     kth = found[:, -1]
     out = np.full(labels.shape, np.nan, dtype=np.float64)
@@ -273,11 +282,16 @@ def greedy(
 @dataclass(frozen=True)
 class Scope:
     """What the shard adds to a request: its training version, its calibrated n_probes table,
-    and the share of its items the request's filter matches."""
+    and the request's filter evaluated on it (actors.engine.selection)."""
 
     version: int
     nprobe_table: tuple[tuple[int, int], ...]
-    selectivity: float
+    selection: Selection
+    items: int  # live items on the shard
+
+    @property
+    def selectivity(self) -> float:
+        return self.selection.matched / max(1, self.items)
 
 
 @dataclass
@@ -312,10 +326,32 @@ def adaptive_strategy(
 ) -> Found:
     p = req.probing
     slack, _, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
+    # The unfiltered calibrated probe's distance computations: an exact scan of at most as
+    # many matching items costs no more.
+    probe_items = auto_nprobe(scope.nprobe_table, part.nlist, req.k) * part.ntotal / part.nlist
+    if scope.selection.scan_exactly(part, len(req.queries), probe_items):
+        return exact_matching(part, req, scope, bucket)
+    counts = scope.selection.counts(part)
     dist, labels, per_query = adaptive(
-        part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, p.first, slack
+        part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, p.first, slack, counts
     )
     return Found(dist, labels, int(per_query.sum()), None, bucket)
+
+
+def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope, bucket: int) -> Found:
+    """A selective filter's exact answer: every matching item's distance (Selection.gathered).
+    Its lists scanned are counted as the lists that many items fill on average."""
+    labels, vectors = scope.selection.gathered(part)
+    nq, k = len(req.queries), req.k
+    distances = np.full((nq, k), np.inf, dtype=np.float32)
+    found = np.full((nq, k), -1, dtype=np.int64)
+    kk = min(k, len(labels))
+    if kk:
+        d, rows = faiss.knn(np.ascontiguousarray(req.queries, dtype=np.float32), vectors, kk)
+        distances[:, :kk] = np.maximum(d, 0)  # the expanded form can round below zero
+        found[:, :kk] = labels[rows]
+    per_query = math.ceil(len(labels) * part.nlist / max(1, part.ntotal))
+    return Found(distances, found, nq * per_query, None, bucket)
 
 
 def measure(
@@ -327,7 +363,8 @@ def measure(
     _, base, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
     coarse, list_nos = part.assign(req.queries, part.nlist)
     dist, labels = part.search(req.queries, req.k, list_nos, coarse, bits)
-    needed = slack_needed(part, req.queries, req.k, list_nos, coarse, bits, p.first, labels)
+    counts = scope.selection.counts(part)
+    needed = slack_needed(part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts)
     return Found(dist, labels, len(req.queries) * part.nlist, needed / max(base, 1e-12), bucket)
 
 

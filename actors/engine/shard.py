@@ -28,6 +28,7 @@ from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
 from actors.engine.rwlock import RWLock
+from actors.engine.selection import Selections
 from actors.engine.shard_backup import ShardBackup
 from actors.engine.shard_keys import KeyRotated, ShardKeys
 from actors.engine.shard_log import ShardLog
@@ -90,6 +91,7 @@ class Shard(ShardReads, ShardBackup):
             self.snapshot_chunk_bytes,
         )
         self.items = ItemTable()
+        self.selections = Selections()  # recent filter evaluations (actors.engine.selection)
         self.partition: PartitionIndex | None = None
         self.version = 0
         self.nprobe_table: tuple[tuple[int, int], ...] = ()

@@ -17,6 +17,7 @@ from actors.engine import fulltext, search
 from actors.engine.filters import FilterNode
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex
+from actors.engine.selection import Selections
 from actors.engine.strings import StringBlock
 from actors.types import Fetched, SearchRequest, SearchResult, TextHits, TextQuery, TextStats
 
@@ -27,6 +28,7 @@ class ShardReads:
     version: int
     nprobe_table: tuple[tuple[int, int], ...]
     threads: int
+    selections: Selections
 
     def _reading(self, key: bytes) -> AbstractContextManager[None]:
         raise NotImplementedError
@@ -47,8 +49,9 @@ class ShardReads:
                 none = np.full((nq, k), np.nan) if measuring else None  # no result to need
                 empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
                 return replace(empty, needed=none)
-            bits, n_match = self.items.selection(req.filter)
-            scope = search.Scope(self.version, self.nprobe_table, n_match / max(1, len(self.items)))
+            sel = self.selections.of(self.items, part, req.filter)
+            bits, n_match = sel.bits, sel.matched
+            scope = search.Scope(self.version, self.nprobe_table, sel, len(self.items))
             found = search.strategy_for(req, self.version)(part, req, bits, scope)
             dist, labels = found.distances, found.labels
             dist[labels < 0] = np.inf
@@ -127,7 +130,7 @@ class ShardReads:
     def count_matching(self, key: bytes, node: FilterNode | None) -> int:
         """How many live items ``node`` matches (all when None), from the filter columns."""
         with self._reading(key):
-            return self.items.selection(node)[1]
+            return self.selections.of(self.items, self.partition, node).matched
 
     def sample(self, key: bytes, n: int, seed: int = 0) -> np.ndarray:
         """Up to ``n`` live vectors in index space, for training."""
