@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -250,10 +250,16 @@ class Engine(Measuring):
         state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target, cv.view.probing)
         first, slacks = auto
         probing = Probing("adaptive", first=first, slacks=slacks, scales=state.scales)
+        warm = await self._warm_up(cv, x, q, probing, state)
+        if warm is not None:  # the scales it fitted answer the batch
+            probing = replace(probing, scales=state.scales)
         hits = await self._search(cv, x, q, plan_width(first), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
-        self._sample(cv, x, q, probing, hits, state)
+        if warm is not None:
+            self._warmed(cv, warm, hits, state)
+        else:
+            self._sample(cv, x, q, probing, hits, state)
         return hits
 
     async def search_one(self, cv: CachedView, x: np.ndarray, q: Query) -> Hits:

@@ -1,6 +1,7 @@
 """How the gateway measures its automatic probing (serve_app.gateway.probing): which queries
 of an answered batch are measured, and their exact answers in the background, one batch at a
-time; serve_app.gateway.engine.Engine inherits it."""
+time; and, for a batch of a kind with no fitted scale yet, some of its rows before it is
+answered. serve_app.gateway.engine.Engine inherits it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ class Job(NamedTuple):
     served: list[list[str | None]]
 
 
+class Warm(NamedTuple):
+    """Rows of a batch measured before it was answered, with their exact answers."""
+
+    rows: np.ndarray
+    exact: list[list[str | None]]
+
+
+def _items(cv: CachedView) -> int:
+    """The items a search covers: as the shards last reported, else as many as were trained on."""
+    cfg = cv.config
+    return sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
+
+
 class Measuring:
     monitor: RecallMonitor
     control: ControlClient
@@ -44,6 +58,47 @@ class Measuring:
         self, cv: CachedView, x: np.ndarray, q: Query, nprobe: int, probing: Probing
     ) -> Hits:
         raise NotImplementedError
+
+    async def _warm_up(
+        self, cv: CachedView, x: np.ndarray, q: Query, probing: Probing, state: IndexProbing
+    ) -> Warm | None:
+        """A batch of a kind with no fitted scale yet (RecallMonitor.warm_rows): measure some
+        of its rows before it is answered, so that the batch itself is answered with the
+        scale they fit. Returns what :meth:`_warmed` records once it is answered."""
+        rows = self.monitor.warm_rows(len(x), q.top_k, state, _items(cv), q.filter is not None)
+        if not len(rows):
+            return None
+        try:
+            exact = await self._exact(cv, x[rows], q, probing)
+        except Exception as exc:  # answered without it, as after a failed measurement
+            log.warning(
+                "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
+            )
+            return None
+        if exact.needed is None:  # a shard on another training version searched as planned
+            return None
+        state.learn(exact.bucket, exact.needed)
+        return Warm(rows, exact.ids.tolist())
+
+    def _warmed(self, cv: CachedView, warm: Warm, hits: Hits, state: IndexProbing) -> None:
+        """Record what the rows :meth:`_warm_up` measured were served."""
+        state.count_served(overlap(hits.ids.take_rows(warm.rows).tolist(), warm.exact))
+        self._keep(cv, state, early=True)
+
+    async def _exact(self, cv: CachedView, x: np.ndarray, q: Query, probing: Probing) -> Hits:
+        # The shards search every list themselves: the plan sent is one list wide.
+        measure = replace(probing, mode="measure")
+        return await self._search(cv, x, replace(q, with_metadata=False), 1, measure)
+
+    def _keep(self, cv: CachedView, state: IndexProbing, early: bool) -> None:
+        """Hand the learned state to the control plane (a restart starts from it): at every
+        early measurement once learned, later every RECALL_SAVE_S."""
+        now = time.monotonic()
+        learned = state.seeded or state.sampled >= constants.RECALL_EARLY
+        if learned and (early or now - state.saved_at > constants.RECALL_SAVE_S):
+            state.saved_at = now
+            cfg = cv.config
+            self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())
 
     def _sample(
         self,
@@ -56,10 +111,7 @@ class Measuring:
     ) -> None:
         """Measure the rows RecallMonitor.pick chooses of a batch just answered, in the
         background (after the batch under way, for early ones)."""
-        cfg = cv.config
-        # The items searched: as the shards last reported, else as many as were trained on.
-        items = sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
-        rows = self.monitor.pick(len(x), q.top_k, state, items)
+        rows = self.monitor.pick(len(x), q.top_k, state, _items(cv))
         if not len(rows):
             return
         job = Job(cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())
@@ -88,18 +140,12 @@ class Measuring:
         cv = job.cv
         try:
             cfg = cv.config
-            # The shards search every list themselves: the plan sent is one list wide.
-            measure = replace(job.probing, mode="measure")
-            exact = await self._search(cv, job.x, replace(job.q, with_metadata=False), 1, measure)
+            exact = await self._exact(cv, job.x, job.q, job.probing)
             assert exact.needed is not None
             state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
             early = state.sampled < constants.RECALL_EARLY
             state.record(exact.bucket, overlap(job.served, exact.ids.tolist()), exact.needed)
-            now = time.monotonic()
-            learned = state.seeded or state.sampled >= constants.RECALL_EARLY
-            if learned and (early or now - state.saved_at > constants.RECALL_SAVE_S):
-                state.saved_at = now  # kept with the index: a restart starts from it
-                self.control.save_probing(cv.view.meta.name, cv.key, cfg.version, state.pack())
+            self._keep(cv, state, early)
         except Exception as exc:  # the query went on without it; say why, never what it was
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__

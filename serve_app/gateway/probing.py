@@ -91,14 +91,30 @@ class IndexProbing:
     def record(self, bucket: int, served: np.ndarray, needed: np.ndarray) -> None:
         """Measured queries: recall of what was served (per query), and per exact result the
         scale that finds it (rows of ``needed``, nan = no result)."""
-        self.served.extend(float(r) for r in served)
-        self.sampled += len(served)
+        self.learn(bucket, needed)
+        self.count_served(served)
+
+    def learn(self, bucket: int, needed: np.ndarray) -> None:
+        """The scale each exact result of measured queries needs (rows of ``needed``), and
+        the bucket's scale fitted again."""
         b = self.buckets[bucket]
         for row in needed:
             row = row[~np.isnan(row)]
             if len(row):
                 b.needed.append(row)
         b.fit(self.target)
+
+    def count_served(self, served: np.ndarray) -> None:
+        """The recall of what measured queries were served (per query)."""
+        self.served.extend(float(r) for r in served)
+        self.sampled += len(served)
+
+    def cold(self, filtered: bool) -> bool:
+        """Whether a query's bucket may still have no fitted scale: unfiltered, the first
+        bucket; filtered, a selective bucket (which one the shards tell only once they
+        searched)."""
+        buckets = self.buckets[1:] if filtered else self.buckets[:1]
+        return any(len(b.needed) < constants.RECALL_MIN_SAMPLES for b in buckets)
 
     def pack(self) -> bytes:
         """The learned state (scales, measured needs, served recall, counters) as bytes, for
@@ -183,6 +199,24 @@ class RecallMonitor:
     def peek(self, index_id: str, version: int) -> IndexProbing | None:
         state = self._indexes.get(index_id)
         return state if state is not None and state.version == version else None
+
+    def warm_rows(
+        self, nq: int, k: int, state: IndexProbing, items: int, filtered: bool
+    ) -> np.ndarray:
+        """Rows of a batch to measure before it is answered: while an index has measured
+        fewer than RECALL_EARLY queries and the batch's bucket has no fitted scale, as many
+        as an exact search over ``items`` items within RECALL_EARLY_WORK allows (at most
+        RECALL_EARLY_ROWS), provided they are enough to fit one (RECALL_MIN_SAMPLES); else
+        none, and the batch is measured after it is answered (:meth:`pick`)."""
+        if self.share <= 0 or k > constants.RECALL_MAX_K or state.sampled >= constants.RECALL_EARLY:
+            return np.zeros(0, dtype=np.int64)
+        if not state.cold(filtered):
+            return np.zeros(0, dtype=np.int64)
+        fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
+        count = min(nq, fit, constants.RECALL_EARLY_ROWS, constants.RECALL_EARLY - state.sampled)
+        if count < constants.RECALL_MIN_SAMPLES:
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(np.asarray(self._rng.sample(range(nq), count), dtype=np.int64))
 
     def pick(
         self, nq: int, k: int, state: IndexProbing | None = None, items: int = 0

@@ -5,6 +5,7 @@ engine around them with real shards in-process (no Ray)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import faiss
@@ -470,3 +471,45 @@ def test_an_empty_shard_answers_a_measure_request_with_no_needs(tmp_path) -> Non
     result = shard.search(KEY, req)
     n_match = result.matched
     assert n_match == 0 and result.needed is not None and np.isnan(result.needed).all()
+
+
+def test_a_fresh_kinds_first_batch_is_answered_with_the_scale_it_fits(engine_index: Any) -> None:
+    """The first batch of a kind with no fitted scale: some of its rows are measured before it
+    is answered, and the whole batch is answered with the scale they fit."""
+    engine, cv, x, handles, _ = engine_index
+    cv.counts.update({0: 1500, 1: 1500})  # the items are known: 128 rows fit the work bound
+    q = blobs(150, 16, seed=21)
+    hits = asyncio.run(engine.search(cv, q, Query(10, with_metadata=False)))
+    modes = [r.probing.mode for r in handles[0].requests]
+    assert modes == ["measure", "adaptive"]
+    measured, answered = handles[0].requests
+    assert len(measured.queries) == RECALL_EARLY_ROWS
+    state = engine.monitor.peek("pid", 1)
+    assert state is not None and state.sampled == RECALL_EARLY_ROWS and state.queries == 150
+    assert answered.probing.scales == state.scales and state.scales[0] != 1.0
+    rows = [int(np.flatnonzero((q == row).all(axis=1))[0]) for row in measured.queries]
+    truth = exact(x, q[rows], 10, None)
+    found = np.array([[int(i[1:]) for i in hits.ids.tolist()[r]] for r in rows])
+    assert state.report()["estimate"] == pytest.approx(recall(found, truth), abs=1e-4)
+    # the next batch of the kind is answered first and measured after (if at all)
+    asyncio.run(engine.search(cv, blobs(40, 16, seed=22), Query(10, with_metadata=False)))
+    assert handles[0].requests[2].probing.mode == "adaptive"
+
+
+def test_a_first_batch_whose_measurement_fails_is_answered_as_calibrated(
+    engine_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, cv, _x, handles, _ = engine_index
+    cv.counts.update({0: 1500, 1: 1500})
+    real = handles[1].search
+
+    def other_version(partition: Any, key: bytes, req: SearchRequest) -> SearchResult:
+        got = real(partition, key, req)  # a shard that searched as planned: no needs
+        return dataclasses.replace(got, needed=None)
+
+    monkeypatch.setattr(handles[1], "search", other_version)
+    q = blobs(60, 16, seed=23)
+    hits = asyncio.run(engine.search(cv, q, Query(10, with_metadata=False)))
+    assert hits.counts.tolist() == [10] * 60
+    answered = handles[0].requests[-1]
+    assert answered.probing.mode == "adaptive" and answered.probing.scales == (1.0, 1.0, 1.0)
