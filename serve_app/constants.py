@@ -31,8 +31,9 @@ FEW_RESULTS = 256
 # -- recall measurement (serve_app.gateway.probing) --------------------------------------------
 #: Sampled queries in one exact search at most: the check stays small beside the served load.
 RECALL_MAX_ROWS = 16
-#: An index measures every automatically probed query until it has measured this many: its
-#: estimate and scales settle early. One exact search then takes up to RECALL_EARLY_ROWS queries
+#: An index measures every automatically probed query of a kind (unfiltered, broad or selective
+#: filter) until it has measured this many of it (at most RECALL_WINDOW): its estimate and
+#: scales settle early. One exact search then takes up to RECALL_EARLY_ROWS queries
 #: of a batch, fewer on a large index: rows x items at most RECALL_EARLY_WORK (128 rows up to
 #: 390k items, 50 at 1M, 5 at 10M), so that it stays a small load beside the live queries.
 RECALL_EARLY = 400
@@ -40,6 +41,9 @@ RECALL_EARLY_ROWS = 128
 RECALL_EARLY_WORK = 50_000_000
 #: Early batches sampled while a measurement runs wait for it, this many at most per replica.
 RECALL_EARLY_WAITING = 8
+#: Filtered batches measured before being answered (RecallMonitor.warm_rows) whose kind turned
+#: out to have a scale already, after which filtered batches are answered first.
+RECALL_WARM_IN_VAIN = 2
 #: A gateway hands an index's learned probing state to the control plane, which keeps it sealed
 #: with the index, at most this often (seconds) and after its early measurements.
 RECALL_SAVE_S = 30.0

@@ -77,6 +77,8 @@ class Measuring:
             return None
         if exact.needed is None:  # a shard on another training version searched as planned
             return None
+        if len(state.buckets[exact.bucket].needed) >= constants.RECALL_MIN_SAMPLES:
+            state.warmed_in_vain += 1  # its kind had a scale: it need not have waited
         state.learn(exact.bucket, exact.needed)
         return Warm(rows, exact.ids.tolist())
 
@@ -111,7 +113,7 @@ class Measuring:
     ) -> None:
         """Measure the rows RecallMonitor.pick chooses of a batch just answered, in the
         background (after the batch under way, for early ones)."""
-        rows = self.monitor.pick(len(x), q.top_k, state, _items(cv))
+        rows = self.monitor.pick(len(x), q.top_k, state, _items(cv), hits.bucket)
         if not len(rows):
             return
         job = Job(cv, x[rows], q, probing, hits.ids.take_rows(rows).tolist())

@@ -83,6 +83,8 @@ class IndexProbing:
     # replace a longer-learned state another replica (or an earlier run) kept.
     saved_at: float = field(default_factory=time.monotonic)
     seeded: bool = False
+    # Filtered batches measured before being answered whose bucket had a scale already.
+    warmed_in_vain: int = 0
 
     @property
     def scales(self) -> tuple[float, ...]:
@@ -108,6 +110,11 @@ class IndexProbing:
         """The recall of what measured queries were served (per query)."""
         self.served.extend(float(r) for r in served)
         self.sampled += len(served)
+
+    def early_left(self, bucket: int) -> int:
+        """How many more queries of ``bucket`` are measured early (all of them, up to
+        RECALL_EARLY measured per bucket)."""
+        return max(0, constants.RECALL_EARLY - len(self.buckets[bucket].needed))
 
     def cold(self, filtered: bool) -> bool:
         """Whether a query's bucket may still have no fitted scale: unfiltered, the first
@@ -203,31 +210,35 @@ class RecallMonitor:
     def warm_rows(
         self, nq: int, k: int, state: IndexProbing, items: int, filtered: bool
     ) -> np.ndarray:
-        """Rows of a batch to measure before it is answered: while an index has measured
-        fewer than RECALL_EARLY queries and the batch's bucket has no fitted scale, as many
-        as an exact search over ``items`` items within RECALL_EARLY_WORK allows (at most
-        RECALL_EARLY_ROWS), provided they are enough to fit one (RECALL_MIN_SAMPLES); else
-        none, and the batch is measured after it is answered (:meth:`pick`)."""
-        if self.share <= 0 or k > constants.RECALL_MAX_K or state.sampled >= constants.RECALL_EARLY:
+        """Rows of a batch to measure before it is answered: while the batch's bucket has no
+        fitted scale (IndexProbing.cold), as many as an exact search over ``items`` items
+        within RECALL_EARLY_WORK allows (at most RECALL_EARLY_ROWS), provided they are enough
+        to fit one (RECALL_MIN_SAMPLES); else none, and the batch is measured after it is
+        answered (:meth:`pick`). A filtered batch's bucket is known only once it is searched:
+        after RECALL_WARM_IN_VAIN filtered batches measured for a bucket that had a scale,
+        filtered batches are no longer measured first."""
+        if self.share <= 0 or k > constants.RECALL_MAX_K or not state.cold(filtered):
             return np.zeros(0, dtype=np.int64)
-        if not state.cold(filtered):
+        if filtered and state.warmed_in_vain >= constants.RECALL_WARM_IN_VAIN:
             return np.zeros(0, dtype=np.int64)
         fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
-        count = min(nq, fit, constants.RECALL_EARLY_ROWS, constants.RECALL_EARLY - state.sampled)
+        count = min(nq, fit, constants.RECALL_EARLY_ROWS)
         if count < constants.RECALL_MIN_SAMPLES:
             return np.zeros(0, dtype=np.int64)
         return np.sort(np.asarray(self._rng.sample(range(nq), count), dtype=np.int64))
 
     def pick(
-        self, nq: int, k: int, state: IndexProbing | None = None, items: int = 0
+        self, nq: int, k: int, state: IndexProbing | None = None, items: int = 0, bucket: int = 0
     ) -> np.ndarray:
         """Rows of a batch of ``nq`` queries to measure (none while a measurement runs, except
-        early ones, up to RECALL_EARLY_WAITING batches that wait their turn): every one while ``state`` has measured fewer than RECALL_EARLY queries (so its estimate and
-        scales settle within its first few hundred queries), as many of a batch as an exact
+        early ones, up to RECALL_EARLY_WAITING batches that wait their turn): every one while
+        ``state`` has measured fewer than RECALL_EARLY queries of the batch's ``bucket`` (so
+        its estimate and scales settle within its first few hundred), as many of a batch as an exact
         search over ``items`` items within RECALL_EARLY_WORK allows (RECALL_MAX_ROWS when the
         count is not known, at most RECALL_EARLY_ROWS); then each with probability ``share``,
         up to RECALL_MAX_ROWS."""
-        early = state is not None and state.sampled < constants.RECALL_EARLY
+        left = state.early_left(bucket) if state is not None else 0
+        early = left > 0
         if self.share <= 0 or nq == 0 or k > constants.RECALL_MAX_K:
             return np.zeros(0, dtype=np.int64)
         if self.busy and not (early and len(self.waiting) < constants.RECALL_EARLY_WAITING):
@@ -236,7 +247,7 @@ class RecallMonitor:
             assert state is not None
             fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
             fit = max(1, min(fit, constants.RECALL_EARLY_ROWS))
-            count = min(nq, fit, constants.RECALL_EARLY - state.sampled)
+            count = min(nq, fit, left)
             return np.sort(np.asarray(self._rng.sample(range(nq), count), dtype=np.int64))
         count = sum(self._rng.random() < self.share for _ in range(min(nq, 64)))
         if nq > 64:

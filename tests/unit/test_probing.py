@@ -45,6 +45,7 @@ from serve_app.constants import (
     RECALL_EARLY_WORK,
     RECALL_MAX_ROWS,
     RECALL_MIN_SAMPLES,
+    RECALL_WARM_IN_VAIN,
 )
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
@@ -269,9 +270,10 @@ def test_an_index_measures_every_early_query_then_its_share() -> None:
     assert len(m.pick(500, 10, state, 10 * small)) == RECALL_EARLY_ROWS // 10  # a larger index
     assert len(m.pick(500, 10, state)) == RECALL_MAX_ROWS  # its size not known
     assert len(m.pick(1, 10, state, small)) == 1  # a single query: itself
-    state.sampled = RECALL_EARLY - 3
+    state.learn(0, np.zeros((RECALL_EARLY - 3, 10)))
     assert len(m.pick(500, 10, state, small)) == 3  # no more than the early measurements left
-    state.sampled = RECALL_EARLY
+    assert len(m.pick(500, 10, state, small, bucket=2)) == RECALL_EARLY_ROWS  # per kind
+    state.learn(0, np.zeros((3, 10)))
     picked = sum(len(m.pick(1, 10, state)) for _ in range(2000))
     assert 5 < picked < 40  # then its share
     m.busy = True  # a measurement under way: an early batch waits its turn, a few at most
@@ -280,6 +282,10 @@ def test_an_index_measures_every_early_query_then_its_share() -> None:
     m.waiting.extend([()] * RECALL_EARLY_WAITING)
     assert len(m.pick(500, 10, young, small)) == 0
     assert len(m.pick(500, 10, state, small)) == 0  # past the early ones: none while busy
+    assert m.warm_rows(500, 10, young, small, filtered=True).size == RECALL_EARLY_ROWS
+    young.warmed_in_vain = RECALL_WARM_IN_VAIN  # filtered batches found their kinds warm
+    assert m.warm_rows(500, 10, young, small, filtered=True).size == 0
+    assert m.warm_rows(500, 10, young, small, filtered=False).size == RECALL_EARLY_ROWS
 
 
 def learned_state() -> IndexProbing:
@@ -494,6 +500,10 @@ def test_a_fresh_kinds_first_batch_is_answered_with_the_scale_it_fits(engine_ind
     # the next batch of the kind is answered first and measured after (if at all)
     asyncio.run(engine.search(cv, blobs(40, 16, seed=22), Query(10, with_metadata=False)))
     assert handles[0].requests[2].probing.mode == "adaptive"
+    # a filter matching every item is of the unfiltered kind: measured first in vain
+    every = parse_filter({"even": {"$in": [True, False]}})
+    asyncio.run(engine.search(cv, blobs(40, 16, seed=23), Query(10, filter=every)))
+    assert handles[0].requests[3].probing.mode == "measure" and state.warmed_in_vain == 1
 
 
 def test_a_first_batch_whose_measurement_fails_is_answered_as_calibrated(
