@@ -41,6 +41,10 @@ RECALL_EARLY_ROWS = 128
 RECALL_EARLY_WORK = 50_000_000
 #: Early batches sampled while a measurement runs wait for it, this many at most per replica.
 RECALL_EARLY_WAITING = 8
+#: After each background measurement the gateway rests this many times as long as it took, so
+#: that measurements take at most a quarter of the shards' time (an exact search of a 1M-item
+#: index costs tens of milliseconds of CPU per query).
+RECALL_REST = 3.0
 #: Filtered batches measured before being answered (RecallMonitor.warm_rows) whose kind turned
 #: out to have a scale already, after which filtered batches are answered first.
 RECALL_WARM_IN_VAIN = 2

@@ -127,13 +127,17 @@ class Measuring:
     async def _measure(self, job: Job) -> None:
         """Answer sampled queries exactly, with the scale each exact result needs, and record
         them (serve_app.gateway.probing); one batch at a time, then those that waited
-        meanwhile (RecallMonitor.pick samples nothing else meanwhile)."""
+        meanwhile (RecallMonitor.pick samples nothing else meanwhile). After each, it rests
+        RECALL_REST times as long as the measurement took: measurements take at most a
+        1 / (1 + RECALL_REST) share of the time, so of the shards' CPUs."""
         stages.detach()  # not a stage of the request whose context this task copied
         self.monitor.busy = True
         try:
             next_job: Any = job
             while next_job is not None:
+                started = time.monotonic()
                 await self._measure_one(next_job)
+                await asyncio.sleep((time.monotonic() - started) * constants.RECALL_REST)
                 next_job = self.monitor.waiting.popleft() if self.monitor.waiting else None
         finally:
             self.monitor.busy = False

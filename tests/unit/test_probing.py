@@ -45,8 +45,10 @@ from serve_app.constants import (
     RECALL_EARLY_WORK,
     RECALL_MAX_ROWS,
     RECALL_MIN_SAMPLES,
+    RECALL_REST,
     RECALL_WARM_IN_VAIN,
 )
+from serve_app.gateway import measuring
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
 from serve_app.gateway.probing import Bucket, IndexProbing, RecallMonitor, overlap
@@ -523,3 +525,33 @@ def test_a_first_batch_whose_measurement_fails_is_answered_as_calibrated(
     assert hits.counts.tolist() == [10] * 60
     answered = handles[0].requests[-1]
     assert answered.probing.mode == "adaptive" and answered.probing.scales == (1.0, 1.0, 1.0)
+
+
+def test_background_measurements_rest_in_proportion_to_their_cost(
+    engine_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, cv, _x, _handles, _ = engine_index
+    now = [0.0]
+    monkeypatch.setattr(measuring.time, "monotonic", lambda: now[0])
+    measure_one = engine._measure_one
+
+    async def costly(job: Any) -> None:  # a measurement that takes 0.4 s
+        await measure_one(job)
+        now[0] += 0.4
+
+    monkeypatch.setattr(engine, "_measure_one", costly)
+    rests: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        rests.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(measuring.asyncio, "sleep", sleep)
+
+    async def run() -> None:
+        await engine.search(cv, blobs(8, 16, seed=31), Query(10, with_metadata=False))
+        await asyncio.gather(*engine._measuring)
+
+    asyncio.run(run())
+    assert rests == [pytest.approx(0.4 * RECALL_REST)]
