@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import faiss
 import numpy as np
+from faiss import swig_ptr
 
 from actors.engine.ivf import PartitionIndex
 from actors.engine.selection import Selection
@@ -326,16 +327,19 @@ def adaptive_strategy(
 ) -> Found:
     p = req.probing
     slack, _, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
-    # The unfiltered calibrated probe's distance computations: an exact scan of at most as
-    # many matching items costs no more.
-    probe_items = auto_nprobe(scope.nprobe_table, part.nlist, req.k) * part.ntotal / part.nlist
-    if scope.selection.scan_exactly(part, len(req.queries), probe_items):
+    if scope.selection.scan_exactly(part, len(req.queries), _probe_items(part, scope, req.k)):
         return exact_matching(part, req, scope, bucket)
     counts = scope.selection.counts(part)
     dist, labels, per_query = adaptive(
         part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, p.first, slack, counts
     )
     return Found(dist, labels, int(per_query.sum()), None, bucket)
+
+
+def _probe_items(part: PartitionIndex, scope: Scope, k: int) -> float:
+    """The unfiltered calibrated probe's distance computations: an exact scan of at most as
+    many matching items costs no more."""
+    return auto_nprobe(scope.nprobe_table, part.nlist, k) * part.ntotal / max(1, part.nlist)
 
 
 def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope, bucket: int) -> Found:
@@ -347,9 +351,26 @@ def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope, bucke
     found = np.full((nq, k), -1, dtype=np.int64)
     kk = min(k, len(labels))
     if kk:
-        d, rows = faiss.knn(np.ascontiguousarray(req.queries, dtype=np.float32), vectors, kk)
-        distances[:, :kk] = np.maximum(d, 0)  # the expanded form can round below zero
-        found[:, :kk] = labels[rows]
+        x = np.ascontiguousarray(req.queries, dtype=np.float32)
+        _, rows = faiss.knn(x, vectors, kk)
+        # The winners' distances again as the lists' scan computes them (fvec_L2sqr), not in
+        # the expanded form faiss.knn uses for batches: the same item gets the same distance
+        # either way, across shards and strategies.
+        d = np.empty(rows.shape, dtype=np.float32)
+        qi = np.repeat(np.arange(nq, dtype=np.int64), kk)
+        vi = np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
+        faiss.pairwise_indexed_L2sqr(
+            x.shape[1],
+            len(qi),
+            swig_ptr(x),
+            swig_ptr(qi),
+            swig_ptr(vectors),
+            swig_ptr(vi),
+            swig_ptr(d),
+        )
+        order = np.argsort(d, axis=1, kind="stable")
+        distances[:, :kk] = np.take_along_axis(d, order, axis=1)
+        found[:, :kk] = labels[np.take_along_axis(rows, order, axis=1)]
     per_query = math.ceil(len(labels) * part.nlist / max(1, part.ntotal))
     return Found(distances, found, nq * per_query, None, bucket)
 
@@ -365,6 +386,8 @@ def measure(
     dist, labels = part.search(req.queries, req.k, list_nos, coarse, bits)
     counts = scope.selection.counts(part)
     needed = slack_needed(part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts)
+    if scope.selection.exact_eligible(part, _probe_items(part, scope, req.k)):
+        needed[:] = np.nan  # its queries are scanned exactly: no lesson for probing's scale
     return Found(dist, labels, len(req.queries) * part.nlist, needed / max(base, 1e-12), bucket)
 
 

@@ -43,6 +43,7 @@ class Selection:
     bits: np.ndarray | None
     matched: int
     owner: Selections | None = field(default=None, repr=False)
+    key: str = field(default="", repr=False)
     uses: int = 1
     _counts: np.ndarray | None = field(default=None, repr=False)
     _gathered: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
@@ -60,13 +61,21 @@ class Selection:
         for) nor EXACT_SCAN_WORK values, and their vectors are gathered already, or gathering
         them pays: the filter came again, the batch is large, or few lists hold them
         (docs/performance.md has the crossover)."""
-        if self.bits is None or not part.is_flat or self.matched > probe_items:
-            return False
-        if self.matched * part.dimension > constants.EXACT_SCAN_WORK:
+        if not self.exact_eligible(part, probe_items):
             return False
         if self._gathered is not None or self.uses > 1 or nq >= constants.EXACT_SCAN_BATCH:
             return True
         return int(np.count_nonzero(self.counts(part))) <= constants.EXACT_SCAN_LISTS
+
+    def exact_eligible(self, part: PartitionIndex, probe_items: float) -> bool:
+        """Whether this filter's queries are answered by an exact scan once its vectors are
+        gathered (:meth:`scan_exactly` without the question of when to gather)."""
+        return (
+            self.bits is not None
+            and part.is_flat
+            and self.matched <= probe_items
+            and self.matched * part.dimension <= constants.EXACT_SCAN_WORK
+        )
 
     def gathered(self, part: PartitionIndex) -> tuple[np.ndarray, np.ndarray]:
         """(labels, vectors) of the matching items in the partition, gathered on first use
@@ -79,8 +88,8 @@ class Selection:
             mask = np.unpackbits(self.bits, count=n, bitorder="little").view(bool)
             labels = np.flatnonzero(mask & (placed[:n] >= 0))
             found = (labels, part.reconstruct(labels))
-            if self.owner is not None and self.owner.admit(self, found[1].nbytes):
-                self._gathered = found
+            if self.owner is not None:
+                found = self.owner.keep(self, found)
         return found
 
     def drop_gathered(self) -> int:
@@ -117,29 +126,37 @@ class Selections:
                 hit.uses += 1
                 return hit
         bits, matched = items.selection(node)
-        made = Selection(bits, matched, self)
+        made = Selection(bits, matched, self, key=key)
         if self.entries <= 0:
             return made
         with self._lock:
             if stamp == self._stamp:  # not made stale by a write meanwhile
+                kept = self._cache.get(key)
+                if kept is not None:  # another thread's, made meanwhile
+                    return kept
                 self._cache[key] = made
                 while len(self._cache) > self.entries:
                     self._gathered_bytes -= self._cache.popitem(last=False)[1].drop_gathered()
         return made
 
-    def admit(self, sel: Selection, nbytes: int) -> bool:
-        """Room for ``nbytes`` of ``sel``'s gathered vectors, made by dropping those of the
-        least recently used selections; False when it cannot be made (``sel`` then gathers
-        again when next used) or ``sel`` is no longer kept."""
+    def keep(
+        self, sel: Selection, found: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Keep ``found``, ``sel``'s gathered vectors, if room for them can be made by dropping
+        those of the least recently used selections (else ``sel`` gathers again when next
+        used); what ``sel`` holds now (another thread's copy, if it kept one first)."""
+        nbytes = found[1].nbytes
         with self._lock:
-            if sel.owner is not self or sel not in self._cache.values():
-                return False
+            if sel._gathered is not None:
+                return sel._gathered
+            if self._cache.get(sel.key) is not sel:  # no longer kept
+                return found
             for other in self._cache.values():
                 if self._gathered_bytes + nbytes <= constants.SELECTION_GATHER_BYTES:
                     break
                 if other is not sel:
                     self._gathered_bytes -= other.drop_gathered()
-            if self._gathered_bytes + nbytes > constants.SELECTION_GATHER_BYTES:
-                return False
-            self._gathered_bytes += nbytes
-            return True
+            if self._gathered_bytes + nbytes <= constants.SELECTION_GATHER_BYTES:
+                self._gathered_bytes += nbytes
+                sel._gathered = found
+            return found

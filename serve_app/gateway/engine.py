@@ -257,7 +257,7 @@ class Engine(Measuring):
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
         if warm is not None:
-            self._warmed(cv, warm, hits, state)
+            self._warmed(cv, warm, state)
         else:
             self._sample(cv, x, q, probing, hits, state)
         return hits

@@ -37,10 +37,9 @@ class Job(NamedTuple):
 
 
 class Warm(NamedTuple):
-    """Rows of a batch measured before it was answered, with their exact answers."""
+    """Rows of a batch measured before it was answered."""
 
     rows: np.ndarray
-    exact: list[list[str | None]]
 
 
 def _items(cv: CachedView) -> int:
@@ -64,28 +63,39 @@ class Measuring:
     ) -> Warm | None:
         """A batch of a kind with no fitted scale yet (RecallMonitor.warm_rows): measure some
         of its rows before it is answered, so that the batch itself is answered with the
-        scale they fit. Returns what :meth:`_warmed` records once it is answered."""
-        rows = self.monitor.warm_rows(len(x), q.top_k, state, _items(cv), q.filter is not None)
+        scale they fit (one such batch of a kind at a time). Returns what :meth:`_warmed`
+        records once it is answered."""
+        filtered = q.filter is not None
+        rows = self.monitor.warm_rows(len(x), q.top_k, state, _items(cv), filtered)
         if not len(rows):
             return None
+        state.warming.add(filtered)
         try:
             exact = await self._exact(cv, x[rows], q, probing)
+            if exact.needed is None:  # a shard on another training version searched as planned
+                return None
+            if state.buckets[exact.bucket].measured >= constants.RECALL_MIN_SAMPLES:
+                state.warmed_in_vain += 1  # its kind had a scale: it need not have waited
+            state.learn(exact.bucket, exact.needed)
         except Exception as exc:  # answered without it, as after a failed measurement
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
             )
             return None
-        if exact.needed is None:  # a shard on another training version searched as planned
-            return None
-        if len(state.buckets[exact.bucket].needed) >= constants.RECALL_MIN_SAMPLES:
-            state.warmed_in_vain += 1  # its kind had a scale: it need not have waited
-        state.learn(exact.bucket, exact.needed)
-        return Warm(rows, exact.ids.tolist())
+        finally:
+            state.warming.discard(filtered)
+        return Warm(rows)
 
-    def _warmed(self, cv: CachedView, warm: Warm, hits: Hits, state: IndexProbing) -> None:
-        """Record what the rows :meth:`_warm_up` measured were served."""
-        state.count_served(overlap(hits.ids.take_rows(warm.rows).tolist(), warm.exact))
-        self._keep(cv, state, early=True)
+    def _warmed(self, cv: CachedView, warm: Warm, state: IndexProbing) -> None:
+        """Count the rows :meth:`_warm_up` measured. Their served recall is not recorded: the
+        scale was fitted on them, so it would flatter the estimate."""
+        state.sampled += len(warm.rows)
+        try:
+            self._keep(cv, state, early=True)
+        except Exception as exc:  # kept at the next measurement instead
+            log.warning(
+                "keeping the probing state of %s failed: %s", cv.view.meta.name, type(exc).__name__
+            )
 
     async def _exact(self, cv: CachedView, x: np.ndarray, q: Query, probing: Probing) -> Hits:
         # The shards search every list themselves: the plan sent is one list wide.

@@ -48,6 +48,7 @@ log = logging.getLogger("vaultvec.probing")
 class Bucket:
     scale: float = 1.0
     needed: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW))
+    measured: int = 0  # queries measured, with or without an exact result
 
     def fit(self, target: float) -> None:
         if len(self.needed) < constants.RECALL_MIN_SAMPLES:
@@ -85,6 +86,7 @@ class IndexProbing:
     seeded: bool = False
     # Filtered batches measured before being answered whose bucket had a scale already.
     warmed_in_vain: int = 0
+    warming: set[bool] = field(default_factory=set)  # (filtered?) kinds measured first now
 
     @property
     def scales(self) -> tuple[float, ...]:
@@ -100,6 +102,7 @@ class IndexProbing:
         """The scale each exact result of measured queries needs (rows of ``needed``), and
         the bucket's scale fitted again."""
         b = self.buckets[bucket]
+        b.measured += len(needed)
         for row in needed:
             row = row[~np.isnan(row)]
             if len(row):
@@ -114,14 +117,14 @@ class IndexProbing:
     def early_left(self, bucket: int) -> int:
         """How many more queries of ``bucket`` are measured early (all of them, up to
         RECALL_EARLY measured per bucket)."""
-        return max(0, constants.RECALL_EARLY - len(self.buckets[bucket].needed))
+        return max(0, constants.RECALL_EARLY - self.buckets[bucket].measured)
 
     def cold(self, filtered: bool) -> bool:
         """Whether a query's bucket may still have no fitted scale: unfiltered, the first
         bucket; filtered, a selective bucket (which one the shards tell only once they
         searched)."""
         buckets = self.buckets[1:] if filtered else self.buckets[:1]
-        return any(len(b.needed) < constants.RECALL_MIN_SAMPLES for b in buckets)
+        return any(b.measured < constants.RECALL_MIN_SAMPLES for b in buckets)
 
     def pack(self) -> bytes:
         """The learned state (scales, measured needs, served recall, counters) as bytes, for
@@ -133,6 +136,7 @@ class IndexProbing:
             "sampled": self.sampled,
             "queries": self.queries,
             "lists_scanned": self.lists_scanned,
+            "measured": [b.measured for b in self.buckets],
         }
         arrays: dict[str, np.ndarray] = {"served": np.asarray(self.served, dtype=np.float64)}
         for i, b in enumerate(self.buckets):
@@ -153,6 +157,7 @@ class IndexProbing:
         for i, b in enumerate(state.buckets):
             b.scale = float(meta["scales"][i])
             flat, lens = arrays[f"needed{i}"], arrays[f"lens{i}"]
+            b.measured = int(meta["measured"][i]) if "measured" in meta else len(lens)
             b.needed.extend(
                 np.split(flat.astype(np.float64), np.cumsum(lens)[:-1]) if len(lens) else []
             )
@@ -220,6 +225,8 @@ class RecallMonitor:
         if self.share <= 0 or k > constants.RECALL_MAX_K or not state.cold(filtered):
             return np.zeros(0, dtype=np.int64)
         if filtered and state.warmed_in_vain >= constants.RECALL_WARM_IN_VAIN:
+            return np.zeros(0, dtype=np.int64)
+        if filtered in state.warming:  # another batch of the kind is measured first already
             return np.zeros(0, dtype=np.int64)
         fit = constants.RECALL_EARLY_WORK // items if items > 0 else constants.RECALL_MAX_ROWS
         count = min(nq, fit, constants.RECALL_EARLY_ROWS)

@@ -4,6 +4,7 @@ once, and every write, deletion, update, compaction and training swap in between
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -12,6 +13,7 @@ import pytest
 from actors import constants
 from actors.control.training import TrainParams, train_template
 from actors.engine import compaction
+from actors.engine import search as strategies
 from actors.engine.filters import FilterNode, parse_filter
 from actors.engine.items import ItemTable
 from actors.engine.ivf import serialize
@@ -178,8 +180,27 @@ def test_a_selective_filter_is_scanned_exactly(
     if len(rows) > K:
         assert probed != want  # one list without slack misses some
     monkeypatch.undo()
+    scans: list[int] = []
+    real = strategies.exact_matching
+
+    def spy(*args: Any) -> Any:
+        scans.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(strategies, "exact_matching", spy)
     assert narrow(shard, q, node) == (want, len(rows))
+    kept = shard.selections.of(shard.items, shard.partition, node)
+    assert kept._gathered is not None and scans == [1]
     assert narrow(shard, q, node) == (want, len(rows))  # from the kept vectors
+    assert scans == [1, 1]
+    # the distances are the lists' own: the same item, the same distance as a full scan
+    coarse, lists = shard.partition.assign(q, 48)  # type: ignore[union-attr]
+    full = shard.search(KEY, SearchRequest(q, K, shard.version, lists, coarse, node))
+    probing = Probing("adaptive", first=1, slacks=(0.0, 0.0))
+    exact = shard.search(
+        KEY, SearchRequest(q, K, shard.version, lists[:, :1], coarse[:, :1], node, probing=probing)
+    )
+    np.testing.assert_array_equal(exact.distances, full.distances)
 
 
 @pytest.mark.parametrize("budget", [2.0, 0.5])  # in selections' worth of vectors
@@ -201,4 +222,19 @@ def test_gathered_vectors_stay_within_their_budget(
         assert len(kept) == min(r + 1, int(budget))
     rows = np.arange(0, 3000, 100)
     first = parse_filter({"n": {"$in": rows.tolist()}})
-    assert narrow(shard, q, first)[0] == exact_truth(x, q, rows)  # its vectors were dropped
+    assert shard.selections.of(shard.items, shard.partition, first)._gathered is None  # dropped
+    assert narrow(shard, q, first)[0] == exact_truth(x, q, rows)
+
+
+def test_queries_scanned_exactly_teach_probing_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their measured needs would fit the selective kind's scale to filters it never probes."""
+    shard, _x, q = trained(tmp_path, 9, 10)
+    node = parse_filter({"n": {"$in": list(range(0, 3000, 40))}})
+    coarse, lists = shard.partition.assign(q, 1)  # type: ignore[union-attr]
+    probing = Probing("measure", first=1, slacks=(0.3, 0.5))
+    req = SearchRequest(q, K, shard.version, lists, coarse, node, probing=probing)
+    assert np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
+    monkeypatch.setattr(constants, "EXACT_SCAN_WORK", 0)  # probed: its needs count
+    assert not np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
