@@ -216,14 +216,18 @@ def auto_run(idx: Any, s: EvalSet, q: np.ndarray, flt: Any, batch: int = 500) ->
     return np.concatenate(parts), (l1 - l0) / max(1, n1 - n0)
 
 
-def settle(idx: Any, timeout: float = 30.0) -> dict[str, Any]:
-    """Wait until the background measurements stop arriving; describe's recall report."""
-    last, t0 = -1, time.perf_counter()
+def settle(idx: Any, timeout: float = 120.0, quiet: float = 5.0) -> dict[str, Any]:
+    """Wait until the background measurements stop arriving (the measured count holds for
+    ``quiet`` seconds: the gateway rests three times as long as each measurement took);
+    describe's recall report."""
+    last, since, t0 = None, time.perf_counter(), time.perf_counter()
     while True:
         report = idx.describe().get("recall") or {}
-        if report.get("sampled_queries") == last or time.perf_counter() - t0 > timeout:
+        now = time.perf_counter()
+        if report.get("sampled_queries") != last:
+            last, since = report.get("sampled_queries"), now
+        elif now - since >= quiet or now - t0 > timeout:
             return report
-        last = report.get("sampled_queries")
         time.sleep(0.5)
 
 
@@ -308,7 +312,7 @@ def run_set(client: Any, s: EvalSet, args: argparse.Namespace) -> dict[str, Any]
     for f, flt in s.filters.items():
         found, lists = auto_run(idx, s, s.queries[: args.first], flt, batch=args.first)
         cold[f] = (recall_at_k(found, truths[f][: args.first], K), lists)
-        settle(idx, timeout=5.0)
+        settle(idx, timeout=15.0, quiet=1.0)
     report_cold = settle(idx)
     # Learning traffic: other queries of the same kind, under each filter.
     t0 = time.perf_counter()
@@ -318,7 +322,7 @@ def run_set(client: Any, s: EvalSet, args: argparse.Namespace) -> dict[str, Any]
             chunk = s.traffic[: args.traffic]
         for i in range(0, len(chunk), 500):
             idx.query(chunk[i : i + 500], K, filters=flt, include=["distance"])
-            settle(idx, timeout=5.0)
+            settle(idx, timeout=15.0, quiet=1.0)
     t_traffic = time.perf_counter() - t0
     report_live = settle(idx)
     print(f"  learning traffic {t_traffic:.1f}s; live estimate: {report_live}", flush=True)
