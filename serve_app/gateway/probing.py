@@ -1,7 +1,9 @@
 """The gateway's live recall estimate per index, and the probing scales it fits.
 
-A share of the queries answered with automatic probing (``VAULTVEC_RECALL_SAMPLE_SHARE``,
-default 1%) is answered once more in the background, exactly (every list, same filter). The
+The first RECALL_EARLY queries of each kind, then a share of the queries answered with
+automatic probing (``VAULTVEC_RECALL_SAMPLE_SHARE``, default 1%), are answered once more in
+the background, exactly (every list, same filter); a batch of a kind with no fitted scale yet
+has some of its rows measured before it is answered (:meth:`RecallMonitor.warm_rows`). The
 shards then also tell, for each exact result, the smallest probing scale with which automatic
 probing scans its list (PartitionIndex.slack_needed): the first pass of the rule does not depend
 on the slack, so one exact search gives the whole curve of that query's recall against the
@@ -17,11 +19,13 @@ scale. Two things follow per index:
   real queries need more than calibration on stored items predicted, and narrows when they
   need less; a kind keeps scale 1 until it has ``RECALL_MIN_SAMPLES`` measured queries.
 
-Bounded and off the request path: one exact search in flight per gateway replica, at most
-``RECALL_MAX_ROWS`` queries in it, top_k up to ``RECALL_MAX_K`` (serve_app.constants); queries
-sampled while one runs are not measured. The sampled vectors, filters and results live only in
-that task's memory; nothing about them is stored or logged. Each gateway replica keeps its own
-estimate and scales; a training swap (new version) starts them afresh.
+Bounded: one background exact search in flight per gateway replica, at most
+``RECALL_MAX_ROWS`` queries in it past the early ones (RECALL_EARLY_ROWS and RECALL_EARLY_WORK
+bound those and the first batches'), top_k up to ``RECALL_MAX_K`` (serve_app.constants), a rest
+of RECALL_REST times its duration after each; queries sampled meanwhile are not measured
+(early ones wait their turn, RECALL_EARLY_WAITING at most). The sampled vectors, filters and
+results live only in that task's memory; nothing about them is stored or logged. Each gateway
+replica keeps its own estimate and scales; a training swap (new version) starts them afresh.
 """
 
 from __future__ import annotations
