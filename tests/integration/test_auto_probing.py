@@ -43,7 +43,9 @@ def test_describe_reports_the_measured_recall_of_automatic_probing(make_index):
         time.sleep(0.2)
         report = idx.describe()["recall"]
         sampled = report["sampled_queries"]
-        if sampled >= 20:
+        # the first request's rows fitted its scale and are not in the estimate: it comes
+        # from the queries measured after they were answered
+        if sampled >= 20 and report["estimate"] is not None:
             break
     assert sampled > 0
     assert report["auto_queries"] == 1000 * (attempt + 1)
