@@ -309,11 +309,11 @@ class PartitionIndex:
         """The stored vectors of ``labels`` (which must all be in the index), decoded."""
         labels = np.asarray(labels, dtype=np.int64)
         out = np.empty((len(labels), self.dimension), dtype=np.float32)
-        flat = self.is_flat  # codes are the vectors themselves
-        many = len(labels) >= constants.RECONSTRUCT_MAP_MIN
+        places = self._places() if len(labels) >= constants.RECONSTRUCT_MAP_MIN else None
         for list_no, rows in self._groups(labels):
-            offsets = self._places()[labels[rows]] if many else self._offsets(list_no, labels[rows])
-            if flat:
+            at = labels[rows]
+            offsets = places[at] if places is not None else self._offsets(list_no, at)
+            if self.is_flat:  # codes are the vectors themselves
                 out[rows] = self._codes(list_no).view(np.float32)[offsets]
             else:
                 for row, offset in zip(rows.tolist(), offsets.tolist()):

@@ -384,10 +384,14 @@ def measure(
     _, base, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
     coarse, list_nos = part.assign(req.queries, part.nlist)
     dist, labels = part.search(req.queries, req.k, list_nos, coarse, bits)
-    counts = scope.selection.counts(part)
-    needed = slack_needed(part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts)
     if scope.selection.exact_eligible(part, _probe_items(part, scope, req.k)):
-        needed[:] = np.nan  # its queries are scanned exactly: no lesson for probing's scale
+        # its queries are scanned exactly: no lesson for probing's scale, none worked out
+        needed = np.full(labels.shape, np.nan)
+    else:
+        counts = scope.selection.counts(part)
+        needed = slack_needed(
+            part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts
+        )
     return Found(dist, labels, len(req.queries) * part.nlist, needed / max(base, 1e-12), bucket)
 
 
