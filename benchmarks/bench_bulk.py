@@ -62,7 +62,7 @@ from common import (
 )
 
 from actors.control.training import auto_n_lists
-from actors.engine.ivf import rank_lists
+from actors.engine.locality import rank_lists
 from cluster import bulk
 from cluster.client import generate_key
 from tests.helpers import clustered, exact_knn

@@ -75,7 +75,7 @@ from common import (
 
 from actors.constants import TRIM_AFTER_WRITES_S
 from actors.control.training import TrainParams, auto_n_lists, sample_size, train_template
-from actors.engine.ivf import rank_lists
+from actors.engine.locality import rank_lists
 from cluster.client import Client, generate_key
 from tests.helpers import clustered, exact_knn
 

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import orjson
 
-from actors.engine.ivf import locality_order, request_order
+from actors.engine.locality import locality_order, request_order
 from cluster.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def locality_search(
     index: faiss.IndexIVF, q: np.ndarray, k: int, list_rank: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """raw faiss searched the way a shard searches a batch: coarse step, then the queries in
-    locality order (actors.engine.ivf.locality_order), results back in request order. Shows
+    locality order (actors.engine.locality.locality_order), results back in request order. Shows
     how much of a service ratio is the scan order rather than the service."""
     coarse, lists = index.quantizer.search(q, index.nprobe)
     order = locality_order(lists, list_rank)

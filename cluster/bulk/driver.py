@@ -31,7 +31,7 @@ __all__ = ["bulk_query", "bulk_upsert", "query_batch"]
 def query_batch(rows: int, concurrency: int, batch_size: int | None = None) -> int:
     """A bulk query's batch: ``batch_size`` when given, else
     :data:`cluster.constants.DEFAULT_BATCH` (larger batches amortise the per-call cost and let
-    the shards scan in locality order, actors.engine.ivf.locality_order), or fewer
+    the shards scan in locality order, actors.engine.locality.locality_order), or fewer
     rows, ``ceil(rows / concurrency)``, so that a smaller input is still several requests under
     way together: one request for a whole small input leaves the gateway's coarse step and the
     shards' scan waiting on each other (docs/performance.md, bulk query)."""
