@@ -117,29 +117,43 @@ def calibrate_nprobe(
     n_queries = min(n_queries, max(10, n // 10))
     perm = rng.permutation(n)
     queries, base = sample[perm[:n_queries]], sample[perm[n_queries:]]
-    index = faiss.clone_index(template)
-    index.add(base)
     # The reference: brute force; compressed codes (SQ/PQ) cap recall below 1 whatever the
     # probes, so theirs is what probing every list finds, as the gateway measures recall
     # (serve_app.gateway.probing): the target is a share of what the codes can find, reached
     # at the latest with every list.
-    exact = None
-    if isinstance(index, faiss.IndexIVFFlat):
+    k_max = min(max(constants.CALIBRATION_TOPKS), len(base))
+    if isinstance(template, faiss.IndexIVFFlat):
         exact = faiss.IndexFlatL2(base.shape[1])
         exact.add(base)
+        _, reference = exact.search(queries, k_max)
+        del exact
+    else:
+        index = faiss.clone_index(template)
+        index.add(base)
+        index.nprobe = nlist
+        _, reference = index.search(queries, k_max)
+        del index
+    # A reference result is found with n_probes p exactly when its list is among the query's
+    # p nearest centroids (a result of all probed lists' candidates is one of any subset's
+    # that holds it): one ranking of the centroids per query gives each result's n_probes,
+    # and so recall against every n_probes at once.
+    _, lists = template.quantizer.search(base, 1)
+    _, order = template.quantizer.search(queries, nlist)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(nlist), order.shape), axis=1)
     # Two standard errors of the held-out estimate as margin, so the target holds on queries
     # the calibration did not see.
     table = []
     for k in constants.CALIBRATION_TOPKS:
-        k_eff = min(k, len(base))
-        if exact is not None:
-            _, truth = exact.search(queries, k_eff)
-        else:
-            index.nprobe = nlist
-            _, truth = index.search(queries, k_eff)
-        goal = min(1.0, target + 2 * math.sqrt(target * (1 - target) / truth.size))
-        nprobe = _smallest_nprobe(index, queries, truth, k_eff, goal)
-        table.append((k, nprobe))
+        truth = reference[:, : min(k, k_max)]
+        need = np.take_along_axis(rank, lists[:, 0][np.maximum(truth, 0)], axis=1) + 1
+        need = need[truth >= 0]  # (the codes may find fewer than k: those are not counted)
+        if not len(need):
+            table.append((k, nlist))
+            continue
+        goal = min(1.0, target + 2 * math.sqrt(target * (1 - target) / need.size))
+        found = math.ceil(goal * need.size - 1e-9)  # results the goal asks for
+        table.append((k, int(np.sort(need)[max(found, 1) - 1])))
     # n_probes never decreases with top_k.
     running = 0
     out = []
@@ -249,34 +263,6 @@ def smallest_scale(needed: np.ndarray, goal: float) -> float:
     # Found means needed < slack (the rule's bound is strict): a hair above the need.
     need = float(values[order][int(reached.argmax())]) * (1 + 1e-4) + 1e-9
     return float(min(max(need, SLACK_MIN), SLACK_MAX))
-
-
-def _recall(index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, nprobe: int) -> float:
-    index.nprobe = nprobe
-    _, found = index.search(q, k)
-    hits = sum(len(np.intersect1d(f, t)) for f, t in zip(found, truth))
-    return hits / truth.size
-
-
-def _smallest_nprobe(
-    index: faiss.IndexIVF, q: np.ndarray, truth: np.ndarray, k: int, target: float
-) -> int:
-    nlist = int(index.nlist)
-
-    def recall(nprobe: int) -> float:
-        return _recall(index, q, truth, k, nprobe)
-
-    # Exponential then binary search over n_probes (recall is monotone in n_probes).
-    lo, hi = 0, 1
-    while hi < nlist and recall(hi) < target:
-        lo, hi = hi, min(nlist, hi * 2)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if recall(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def sample_size(n_lists: int, n_total: int, dimension: int, max_memory: int | None) -> int:

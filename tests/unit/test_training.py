@@ -64,6 +64,39 @@ def test_calibrated_nprobe_reaches_target_on_fresh_queries(index_type: str) -> N
         assert recall >= 0.85
 
 
+@pytest.mark.parametrize("index_type", ["ivfflat", "ivfpq"])
+def test_calibrated_nprobe_is_the_smallest_that_faiss_search_confirms(index_type: str) -> None:
+    """The table read from one ranking of the centroids per held-out query is what searching
+    the held-out queries with faiss at every n_probes would give: the goal is reached at the
+    chosen n_probes and missed one below it (the reference being brute force for flat lists,
+    what probing every list finds for codes)."""
+    x = clustered(12_000, 32, n_clusters=40, seed=4, spread=0.8)
+    template = train_template(x, index_type, 120, 8, 8, TrainParams(max_iters=10))
+    table = dict(calibrate_nprobe(template, x, 0.95, n_queries=300, seed=11))
+    perm = np.random.default_rng(11).permutation(len(x))  # calibrate_nprobe's held-out split
+    q, base = x[perm[:300]], x[perm[300:]]
+    index = faiss.clone_index(template)
+    index.add(base)
+    previous = 0
+    for k, nprobe in table.items():
+        if index_type == "ivfflat":
+            _, truth = exact_knn(base, q, k)
+        else:
+            index.nprobe = template.nlist
+            _, truth = index.search(q, k)
+        goal = min(1.0, 0.95 + 2 * np.sqrt(0.95 * 0.05 / truth.size))
+
+        def recall(p: int, k: int = k, truth: np.ndarray = truth) -> float:
+            index.nprobe = p
+            _, found = index.search(q, k)
+            return sum(len(np.intersect1d(f, t)) for f, t in zip(found, truth)) / truth.size
+
+        assert recall(nprobe) >= goal
+        if nprobe > max(previous, 1):  # (the table never decreases with top_k)
+            assert recall(nprobe - 1) < goal
+        previous = nprobe
+
+
 def test_auto_nprobe_scales_with_top_k() -> None:
     cfg = IndexConfig(
         "n",
