@@ -4,8 +4,11 @@ calibration of automatic n_probes.
 Rules (documented in the README):
 - n_lists automatic = clamp(round(4 * sqrt(N)), 1, N // 39): faiss wants >= 39 training points
   per centroid, and 4*sqrt(N) keeps lists near sqrt(N)/4 items.
-- The k-means sample holds at most 256 points per list (faiss' own bound) and at most
-  ``max_memory`` bytes of vectors when given.
+- The k-means sample holds at most 128 points per list and at most ``max_memory`` bytes of
+  vectors when given; k-means runs 10 iterations (faiss's own for IVF training) unless
+  ``max_iters`` says otherwise. Every training starts afresh: started from the previous
+  training's centroids, k-means found lists that scan 4-33% more items for the same recall
+  (docs/performance.md, training).
 - Fixed n_probes table: a held-out sample of the data is queried against an IVF index over the
   rest of the sample; for each calibrated top_k the smallest n_probes whose mean recall@top_k
   against brute force reaches the target plus two standard errors of that estimate is kept.
@@ -63,7 +66,8 @@ def train_template(
         raise InvalidRequest(
             f"ivfpq with pq_bits={pq_bits or 8} needs at least {2 ** (pq_bits or 8)} items to train"
         )
-    centroids = kmeans(vectors, n_lists, params.max_iters or 20, params.tolerance, seed)
+    iters = params.max_iters or constants.KMEANS_ITERS
+    centroids = kmeans(vectors, n_lists, iters, params.tolerance, seed)
     index = new_ivf(index_type, d, n_lists, pq_dim, pq_bits, sq_bits)
     index.quantizer.add(centroids)
     if index_type == "ivfflat":

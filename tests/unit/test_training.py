@@ -27,7 +27,8 @@ def test_auto_n_lists_rule() -> None:
 
 
 def test_sample_size_respects_memory_bound() -> None:
-    assert sample_size(100, 1_000_000, 128, None) == 25_600
+    assert sample_size(100, 1_000_000, 128, None) == 20_000  # 128 per list, at least 20,000
+    assert sample_size(1000, 1_000_000, 128, None) == 128_000
     assert sample_size(100, 1_000_000, 128, 512 * 1000) == 1000
 
 
