@@ -188,26 +188,32 @@ class PartitionIndex:
 
         Lists that grow entry by entry reserve up to twice their size, and every block they
         outgrow is freed around the heap's live blocks, where pages it shares with them stay
-        resident. The lists hold the same entries in the same order as :meth:`add` gives."""
+        resident. Within a list the entries are in label order, as :meth:`add` leaves items
+        added in label order."""
         if self.ntotal:
             raise ValueError("fill needs an empty partition")
         if len(labels) == 0:
             return
         labels = np.ascontiguousarray(labels, dtype=np.int64)
+        x = np.asarray(x, dtype=np.float32)
         lists = np.concatenate(
             [self._nearest_lists(x[i : i + batch]) for i in range(0, len(x), batch)]
         )
-        order = np.argsort(lists, kind="stable")  # by list, in arrival order within a list
+        order = np.lexsort((labels, lists))  # by list, by label within a list
         lists, labels = lists[order], labels[order]
-        codes = np.empty((len(x), self.index.code_size), dtype=np.uint8)
-        for i in range(0, len(x), batch):
-            rows = np.ascontiguousarray(x[order[i : i + batch]], dtype=np.float32)
-            self.index.encode_vectors(
-                len(rows), swig_ptr(rows), swig_ptr(lists[i : i + batch]), swig_ptr(codes[i:])
-            )
         invlists = self.index.invlists
-        for a, b in _runs(lists):
-            invlists.add_entries(int(lists[a]), b - a, swig_ptr(labels[a:b]), swig_ptr(codes[a:b]))
+        for a, b in _runs(lists):  # each list sized once, its entries written in place
+            list_no = int(lists[a])
+            invlists.resize(list_no, b - a)
+            self._ids(list_no)[:] = labels[a:b]
+            codes = self._codes(list_no)
+            if self.is_flat:  # codes are the vectors themselves
+                np.take(x, order[a:b], axis=0, out=codes.view(np.float32))
+            else:
+                rows = np.ascontiguousarray(x[order[a:b]], dtype=np.float32)
+                self.index.encode_vectors(
+                    b - a, swig_ptr(rows), swig_ptr(lists[a:b]), swig_ptr(codes)
+                )
         self.index.ntotal = len(labels)
         self._place(labels, lists)
 
@@ -320,6 +326,23 @@ class PartitionIndex:
                 for row, offset in zip(rows.tolist(), offsets.tolist()):
                     self.index.reconstruct_from_offset(list_no, offset, swig_ptr(out[row]))
         return out
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every entry's label and vector (decoded), list by list: with flat lists one copy of
+        each list, no label looked up."""
+        if not self.is_flat:
+            labels = self.all_labels()
+            return labels, self.reconstruct(labels)
+        sizes = [self.index.invlists.list_size(list_no) for list_no in range(self.nlist)]
+        labels = np.empty(sum(sizes), dtype=np.int64)
+        vectors = np.empty((len(labels), self.dimension), dtype=np.float32)
+        at = 0
+        for list_no, size in enumerate(sizes):
+            if size:
+                labels[at : at + size] = self._ids(list_no)
+                vectors[at : at + size] = self._codes(list_no).view(np.float32)
+                at += size
+        return labels, vectors
 
     def all_labels(self) -> np.ndarray:
         parts = [self._ids(list_no).copy() for list_no in range(self.nlist)]

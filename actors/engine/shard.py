@@ -431,9 +431,10 @@ class Shard(ShardReads, ShardBackup):
                     frame, gen = self._capture(), self.log.roll()  # kept across a reload
                     self.log.write_snapshot(key, frame, gen)
                     return self.stats(key)
-                labels = self.items.live_labels()
                 dimension = self.partition.dimension
-                vectors = self.partition.reconstruct(labels)
+                labels, vectors = self.partition.entries()
+                if not (live := self.items.alive[labels]).all():  # (lists hold live items)
+                    labels, vectors = labels[live], vectors[live]
                 self._pending = []
             fresh = PartitionIndex.from_template(template, dimension)
             # Each list allocated once at its size (PartitionIndex.fill): lists grown entry by

@@ -121,6 +121,24 @@ def test_fill_lays_out_the_lists_add_does(built) -> None:
         filled.fill(LABELS[:1], x[:1])
 
 
+def test_a_rebuild_from_entries_in_list_order_lays_out_what_label_order_does(built) -> None:
+    """A rebuild reads the old lists as they lie (``entries``), not in label order: filled
+    from that, the fresh lists are entry for entry what filling in label order gives."""
+    x, template = built
+    old = PartitionIndex(deserialize(template))
+    old.fill(LABELS, x)
+    labels, vectors = old.entries()
+    assert sorted(labels.tolist()) == LABELS.tolist()
+    np.testing.assert_array_equal(vectors, old.reconstruct(labels))
+    shuffled = np.random.default_rng(3).permutation(N)
+    from_entries = PartitionIndex(deserialize(template))
+    from_entries.fill(labels[shuffled], vectors[shuffled])
+    in_label_order = PartitionIndex(deserialize(template))
+    order = np.argsort(labels)
+    in_label_order.fill(labels[order], vectors[order])
+    assert lists_of(from_entries.index) == lists_of(in_label_order.index)
+
+
 def test_lists_laid_out_afresh_hold_what_they_held(built, monkeypatch) -> None:
     monkeypatch.setattr(constants, "LISTS_COMPACT_MIN", 100)
     part, _ = pair(built)
