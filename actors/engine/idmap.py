@@ -41,8 +41,7 @@ class IdMap:
         return self.keys.nbytes + self.vals.nbytes
 
     def _hashes(self, ids: Sequence[str]) -> np.ndarray:
-        h = self.hash_fn
-        return np.fromiter((h(i) for i in ids), dtype=np.int64, count=len(ids))
+        return np.fromiter(map(self.hash_fn, ids), dtype=np.int64, count=len(ids))
 
     def _main_pos(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per hash: its position in the arrays (clipped) and whether it is there."""

@@ -116,8 +116,10 @@ class ItemTable:
         contents: Sequence[str | None],
         norms: np.ndarray | None,
         labels: np.ndarray | None = None,
+        packed_ids: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Add items under fresh labels (or the given ones, when restoring a snapshot).
+        """Add items under fresh labels (or the given ones, when restoring a snapshot, with
+        the ids as it packed them).
 
         Returns (new labels, labels of replaced items that must leave the vector index).
         """
@@ -125,7 +127,7 @@ class ItemTable:
         if len(set(ids)) != n:  # before any change: the table stays as it was
             raise ValueError("ItemTable.insert: ids must be distinct")
         self.generation = next(GENERATIONS)
-        replaced = self.id_map.remove(ids)
+        replaced = self.id_map.remove(ids) if len(self.id_map) else np.zeros(0, dtype=np.int64)
         if len(replaced):
             self.alive[replaced] = False
             self.ids.clear(replaced)
@@ -135,7 +137,7 @@ class ItemTable:
         end = int(labels.max()) + 1 if n else self.next_label
         self.next_label = max(self.next_label, end)
         self._reserve(self.next_label)
-        self.ids.set(labels, ids)
+        self.ids.set(labels, ids, packed_ids)
         self.ids.compact()
         self.metadata[labels] = list(metadata)
         self.contents[labels] = list(contents)
@@ -244,6 +246,7 @@ class ItemTable:
             unpack_strings(arrays["contents_blob"], arrays["contents_len"]),
             arrays["norms"].astype(np.float32),
             labels=labels,
+            packed_ids=(arrays["ids_blob"], arrays["ids_len"]),
         )
         table.next_label = max(table.next_label, next_label)
         table._reserve(table.next_label)  # labels above the last live one were handed out too

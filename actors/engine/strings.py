@@ -178,9 +178,15 @@ class StringColumn:
     def nbytes(self) -> int:
         return self.blob.nbytes + self.start.nbytes + self.lens.nbytes
 
-    def set(self, labels: np.ndarray, values: Iterable[str]) -> None:
-        """Store ``values`` under ``labels`` (new labels, or labels being overwritten)."""
-        data, lens = pack_strings(list(values))
+    def set(
+        self,
+        labels: np.ndarray,
+        values: Iterable[str],
+        packed: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Store ``values`` under ``labels`` (new labels, or labels being overwritten);
+        ``packed``: the same values already packed (codec.pack_strings), as a snapshot holds them."""
+        data, lens = packed if packed is not None else pack_strings(list(values))
         size = int(labels.max()) + 1 if len(labels) else 0
         if size > len(self.start):
             grow = max(size, 2 * len(self.start), 1024)

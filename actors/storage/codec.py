@@ -56,15 +56,15 @@ def pack_strings(items: Sequence[str | bytes | None]) -> tuple[np.ndarray, np.nd
 
 
 def unpack_strings(blob: np.ndarray, lengths: np.ndarray, *, as_bytes: bool = False) -> list[Any]:
+    if not len(blob) and (lengths < 0).all():  # stored without any: no per-item work
+        return [None] * len(lengths)
     raw = blob.tobytes()
-    ends = np.cumsum(np.maximum(lengths, 0)).tolist()
-    out: list[Any] = []
-    start = 0
-    for length, end in zip(lengths.tolist(), ends):
-        if length < 0:
-            out.append(None)
-        else:
-            chunk = raw[start:end]
-            out.append(chunk if as_bytes else chunk.decode())
-        start = end
-    return out
+    sizes = np.maximum(lengths, 0)
+    ends = np.cumsum(sizes)
+    spans = zip(lengths.tolist(), (ends - sizes).tolist(), ends.tolist())
+    if as_bytes:
+        return [None if n < 0 else raw[a:b] for n, a, b in spans]
+    if raw.isascii():  # byte offsets are character offsets: decoded once
+        text = raw.decode("ascii")
+        return [None if n < 0 else text[a:b] for n, a, b in spans]
+    return [None if n < 0 else raw[a:b].decode() for n, a, b in spans]

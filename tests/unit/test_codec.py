@@ -14,6 +14,19 @@ def test_strings_round_trip(items: list[str | None]) -> None:
     assert codec.unpack_strings(blob, lengths) == items
 
 
+@given(st.lists(st.one_of(st.none(), st.text(alphabet=st.characters(max_codepoint=127)))))
+def test_ascii_strings_round_trip(items: list[str | None]) -> None:
+    """(ASCII-only blobs are decoded in one go, then sliced)"""
+    blob, lengths = codec.pack_strings(items)
+    assert codec.unpack_strings(blob, lengths) == items
+
+
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=20))))
+def test_bytes_round_trip(items: list[bytes | None]) -> None:
+    blob, lengths = codec.pack_strings(items)
+    assert codec.unpack_strings(blob, lengths, as_bytes=True) == items
+
+
 @pytest.mark.parametrize("items", [[None] * 5, (None, None), [], [None, "", None], ("", "")])
 def test_nones_and_empty_strings_stay_apart(items: list[str | None]) -> None:
     blob, lengths = codec.pack_strings(items)
