@@ -88,7 +88,7 @@ IDMAP_BULK = 1024
 #: The top_k values automatic probing is calibrated for: the common ones, 1 to the default 100.
 CALIBRATION_TOPKS = (1, 10, 100)
 #: k-means training points per list: bounds a training's sample and time (docs/performance.md,
-#: training: 128 finds lists as good as faiss's default 256 in half the time).
+#: scale: lists trained on 128 scan no more at 0.95 recall than on faiss's default 256).
 MAX_POINTS_PER_LIST = 128
 #: k-means iterations when the request names none (faiss's own for IVF training).
 KMEANS_ITERS = 10

@@ -209,11 +209,21 @@ class Service:
     log_path: Path
 
 
-def start(env_extra: dict[str, str]) -> Service:
+def start(
+    env_extra: dict[str, str],
+    data_dir: str | None = None,
+    storage: str | None = None,
+    api_key: str | None = None,
+    port: int | None = None,
+) -> Service:
+    """``vaultvec serve`` in a process group of its own, healthy. A ``data_dir`` given (with
+    the ``storage``, ``api_key`` and ``port`` of an earlier start) restarts that service on
+    what it stored; by default both are new, the store a directory in ``data_dir``."""
     ray_tmp = tempfile.mkdtemp(prefix="vvfp", dir="/tmp")  # short: socket paths ≤ 108 bytes
-    data_dir = tempfile.mkdtemp(prefix="vvfp-data")
-    api_key = secrets.token_urlsafe(24)
-    port = free_port()
+    data_dir = data_dir or tempfile.mkdtemp(prefix="vvfp-data")
+    storage = storage or f"file://{data_dir}/store"
+    api_key = api_key or secrets.token_urlsafe(24)
+    port = port or free_port()
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     # Not this process's Serve switches (benchmarks/common.py applies the default to it): the
     # service applies its own, so that --env VAULTVEC_SERVE_FAST_PATH=false turns them off.
@@ -223,8 +233,8 @@ def start(env_extra: dict[str, str]) -> Service:
     log_path = Path(data_dir) / "serve.log"
     # The `vaultvec` console script's code (cluster.cli:main), run from this checkout.
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--port", str(port)]
-    cmd += ["--storage", f"file://{data_dir}/store"]
-    with open(log_path, "wb") as log:
+    cmd += ["--storage", storage]
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -251,9 +261,10 @@ def wait_healthy(service: Service, timeout_s: float = 180.0) -> None:
     raise TimeoutError(f"vaultvec serve not healthy within {timeout_s:.0f}s")
 
 
-def stop(service: Service) -> None:
+def stop(service: Service, keep_data: bool = False) -> None:
     """SIGTERM to the CLI (it takes Ray down), then end whatever of the session is left and
-    remove its directories once no process of it can write there any more."""
+    remove its directories once no process of it can write there any more (the data
+    directory kept with ``keep_data``, for a restart)."""
     if service.proc.poll() is None:
         service.proc.send_signal(signal.SIGTERM)
     try:
@@ -270,7 +281,8 @@ def stop(service: Service) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     shutil.rmtree(service.ray_tmp, ignore_errors=True)
-    shutil.rmtree(service.data_dir, ignore_errors=True)
+    if not keep_data:
+        shutil.rmtree(service.data_dir, ignore_errors=True)
 
 
 # -- scenarios ------------------------------------------------------------------------------

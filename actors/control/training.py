@@ -7,8 +7,8 @@ Rules (documented in the README):
 - The k-means sample holds at most 128 points per list and at most ``max_memory`` bytes of
   vectors when given; k-means runs 10 iterations (faiss's own for IVF training) unless
   ``max_iters`` says otherwise. Every training starts afresh: started from the previous
-  training's centroids, k-means found lists that scan 4-33% more items for the same recall
-  (docs/performance.md, training).
+  training's centroids, k-means found lists that scan 4-31% more items for the same recall
+  (docs/performance.md, scale).
 - Fixed n_probes table: a held-out sample of the data is queried against an IVF index over the
   rest of the sample; for each calibrated top_k the smallest n_probes whose mean recall@top_k
   against brute force reaches the target plus two standard errors of that estimate is kept.
