@@ -83,6 +83,14 @@ class ControlPlane(PlaneMetrics):
         self._recovery = rotation.recover_in_background(
             self, stale, self._partition_set, self._rotation_settled
         )
+        if self._catalog:  # a restart: the pool's actors start while the service comes up
+            threading.Thread(target=self._start_pool, name="pool-start", daemon=True).start()
+
+    def _start_pool(self) -> None:
+        """Start the shard pool's actors before the first request needs them (it would wait
+        for their processes otherwise); a failure is left for that request to meet."""
+        with contextlib.suppress(Exception):
+            self.pool.members()
 
     # -- catalog ----------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
