@@ -20,6 +20,8 @@ from pydantic import (
     WrapValidator,
 )
 
+from actors.constants import KMEANS_ITERS
+
 IndexType = Literal["ivfflat", "ivf", "ivfpq"]
 # What create accepts: vaultvec's names plus CyborgDB's newer ones (serve_app.routes.indexes).
 IndexTypeIn = Literal["ivfflat", "ivf", "ivfpq", "ivfsq", "diskivf"]
@@ -152,7 +154,7 @@ class TrainRequest(IndexRequest):
         None, ge=0, description="items per rebuild batch; null/0 = default"
     )
     max_iters: int | None = Field(
-        None, ge=0, le=1000, description="k-means iterations; null/0 = 20"
+        None, ge=0, le=1000, description=f"k-means iterations; null/0 = {KMEANS_ITERS}"
     )
     tolerance: float | None = Field(None, ge=0)
     max_memory: int | None = Field(None, ge=0, description="bytes of training sample; 0 = no limit")

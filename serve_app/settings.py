@@ -399,4 +399,4 @@ class Settings(BaseSettings):
         """The engine's options: every EngineOptions field this class also has, by name."""
         own = type(self).model_fields
         shared = {f.name: getattr(self, f.name) for f in fields(EngineOptions) if f.name in own}
-        return EngineOptions(**shared, store_url=self.storage)
+        return EngineOptions(**shared, store_url=self.storage, start_pool=True)

@@ -83,7 +83,7 @@ class ControlPlane(PlaneMetrics):
         self._recovery = rotation.recover_in_background(
             self, stale, self._partition_set, self._rotation_settled
         )
-        if self._catalog:  # a restart: the pool's actors start while the service comes up
+        if options.start_pool and self._catalog:  # a restart: the pool starts meanwhile
             threading.Thread(target=self._start_pool, name="pool-start", daemon=True).start()
 
     def _start_pool(self) -> None:

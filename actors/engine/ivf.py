@@ -219,7 +219,7 @@ class PartitionIndex:
             self._ids(list_no)[:] = labels[a:b]
             codes = self._codes(list_no)
             if self.is_flat:  # codes are the vectors themselves
-                np.take(x, order[a:b], axis=0, out=codes.view(np.float32))
+                np.take(x, order[a:b], axis=0, out=codes.view(np.float32), mode="clip")
             else:
                 rows = np.ascontiguousarray(x[order[a:b]], dtype=np.float32)
                 self.index.encode_vectors(

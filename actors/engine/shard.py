@@ -433,8 +433,8 @@ class Shard(ShardReads, ShardBackup):
                     return self.stats(key)
                 dimension = self.partition.dimension
                 labels, vectors = self.partition.entries()
-                if not (live := self.items.alive[labels]).all():  # (lists hold live items)
-                    labels, vectors = labels[live], vectors[live]
+                if len(labels) != len(self.items) or not self.items.alive[labels].all():
+                    raise RuntimeError("the lists do not hold exactly the live items")
                 self._pending = []
             fresh = PartitionIndex.from_template(template, dimension)
             # Each list allocated once at its size (PartitionIndex.fill): lists grown entry by

@@ -199,7 +199,8 @@ class StringColumn:
             new[: self.used] = self.blob[: self.used]
             self.blob = new
         self.blob[self.used : end] = data
-        self.start[labels] = self.used + np.cumsum(lens) - lens
+        sizes = np.maximum(lens, 0)  # (None: -1, no bytes)
+        self.start[labels] = self.used + np.cumsum(sizes) - sizes
         self.lens[labels] = lens
         self.used = end
         self.live += len(data)

@@ -101,8 +101,11 @@ class Pool:
         smaller cluster has not started yet)."""
         handle = self._handles.get(name)
         if handle is None:
-            handle = self._start(name, None)
-            self._handles[name] = handle
+            with self._lock:  # (after a members() under way, which may start it or drop it)
+                handle = self._handles.get(name)
+                if handle is None:
+                    handle = self._start(name, None)
+                    self._handles[name] = handle
         return handle
 
     def members(self) -> dict[str, str]:
