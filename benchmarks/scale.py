@@ -221,9 +221,16 @@ def settle(idx: Any, quiet_s: float = 8.0) -> int:
 
 
 def run_service(
-    args: argparse.Namespace, x: np.ndarray, q: np.ndarray, learn: np.ndarray, truth: np.ndarray
+    args: argparse.Namespace,
+    data: list[np.ndarray],
+    q: np.ndarray,
+    learn: np.ndarray,
+    truth: np.ndarray,
 ) -> dict[str, Any]:
+    """The service's figures; ``data`` holds the vectors, dropped once upserted (at 10M they
+    are 5 GB this process need not keep while the service trains)."""
     out: dict[str, Any] = {}
+    x = data.pop()
     n, dim = x.shape
     env = {"VAULTVEC_AUTO_TRAIN_THRESHOLD": str(10**12)}
     with store_url(args.store) as url:
@@ -244,6 +251,8 @@ def run_service(
                     el = time.perf_counter() - t0
                     print(f"  upserted {lo + BATCH_ROWS:,} in {el:.0f}s", flush=True)
             out["ingest_per_s"] = n / (time.perf_counter() - t0)
+            del x, ids
+            gc.collect()
             out["train_s"], _ = common.train_and_wait(client, idx, args.n_lists or None)
             out["n_lists"] = idx.describe()["n_lists"]
             print(
@@ -374,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     n_lists = args.n_lists or auto_n_lists(args.n)
     raw = raw_faiss(x, q, truth, n_lists, args.index_type, args.batch)
     print(f"raw faiss: {raw}", flush=True)
-    svc = run_service(args, x, q, learn, truth)
+    data = [x]
+    del x
+    svc = run_service(args, data, q, learn, truth)
     report(args, svc, raw)
     if args.json:
         with open(args.json, "wb") as f:
