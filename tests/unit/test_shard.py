@@ -140,6 +140,19 @@ def test_greedy_finds_exact_neighbours(tmp_path: Path) -> None:
     assert plain.ids.tolist() != exact_ids(x, q, 10)  # one probe alone is not exact here
 
 
+def test_a_rebuild_refuses_lists_that_lost_a_live_item(tmp_path: Path) -> None:
+    """A rebuild copies the lists as they lie; lists that no longer hold every live item (a
+    broken invariant) fail the rebuild instead of leaving that item unsearchable for good."""
+    x = clustered(3000, 16, seed=7)
+    shard, _ = trained_shard(tmp_path, x)
+    template = serialize(train_template(x, "ivfflat", 64, None, None, TrainParams(max_iters=5)))
+    assert shard.partition is not None
+    shard.partition.remove(np.array([5], dtype=np.int64))  # item id5 stays in the table
+    with pytest.raises(RuntimeError, match="live items"):
+        shard.rebuild(KEY, 2, template)
+    assert shard.version == 1 and shard.stats(KEY).count == 3000
+
+
 def test_rebuild_keeps_writes_made_during_it(tmp_path: Path) -> None:
     x = clustered(4000, 16, seed=6)
     shard, _ = trained_shard(tmp_path, x[:3000])
