@@ -458,6 +458,19 @@ def train_and_wait(client: Client, idx: Any, n_lists: int | None = None) -> tupl
     return time.perf_counter() - t0, status
 
 
+def settle(idx: Any, quiet_s: float = 8.0) -> dict[str, Any]:
+    """Wait until the background measurements stop (the measured count holds for ``quiet_s``);
+    describe's recall report."""
+    last, since = None, time.perf_counter()
+    while True:
+        report = idx.describe().get("recall") or {}
+        if report.get("sampled_queries") != last:
+            last, since = report.get("sampled_queries"), time.perf_counter()
+        elif time.perf_counter() - since >= quiet_s:
+            return report
+        time.sleep(0.5)
+
+
 def result_ids(results: list[list[dict[str, Any]]], k: int) -> np.ndarray:
     """Batch query results -> (nq, k) int64 ids (ids are decimal row numbers), -1 padded."""
     out = np.full((len(results), k), -1, dtype=np.int64)

@@ -58,19 +58,6 @@ def truth(x: np.ndarray, q: np.ndarray, rows: np.ndarray) -> list[set[int]]:
     return [{int(rows[j]) for j in r if j >= 0} for r in found]
 
 
-def settle(idx: Any, quiet_s: float = 8.0) -> dict[str, Any]:
-    """Wait until the background measurements stop (the measured count holds for ``quiet_s``);
-    describe's recall report."""
-    last, since = None, time.perf_counter()
-    while True:
-        report = idx.describe().get("recall") or {}
-        if report.get("sampled_queries") != last:
-            last, since = report.get("sampled_queries"), time.perf_counter()
-        elif time.perf_counter() - since >= quiet_s:
-            return report
-        time.sleep(0.5)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -116,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(40):  # until the kind's early measurements are done
                 s = (50 * r) % len(part)
                 idx.query(part[s : s + 50], K, filters=flt, include=["distance"])
-                report = settle(idx)
+                report = common.settle(idx)
                 if report.get("sampled_queries", 0) >= args.learn * (j + 1):
                     break
         print(f"learning queries answered and measured in {time.perf_counter() - t0:.1f}s")

@@ -87,12 +87,6 @@ def exact_top(x: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     return ids
 
 
-def recall(found: np.ndarray, truth: np.ndarray) -> float:
-    return float(
-        np.mean([len(np.intersect1d(f[f >= 0], t)) / len(t) for f, t in zip(found, truth)])
-    )
-
-
 def rss_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -126,7 +120,7 @@ def raw_faiss(
     nprobe, r = 1, 0.0
     while nprobe <= n_lists:  # the smallest power-of-two-then-bisected n_probes reaching 0.95
         index.nprobe = nprobe
-        r = recall(index.search(q, K)[1], truth)
+        r = common.recall_at_k(index.search(q, K)[1], truth, K)
         if r >= TARGET:
             break
         nprobe *= 2
@@ -134,19 +128,19 @@ def raw_faiss(
     while hi_p - lo_p > 1:
         mid = (lo_p + hi_p) // 2
         index.nprobe = mid
-        if recall(index.search(q, K)[1], truth) >= TARGET:
+        if common.recall_at_k(index.search(q, K)[1], truth, K) >= TARGET:
             hi_p = mid
         else:
             lo_p = mid
     index.nprobe = hi_p
-    r = recall(index.search(q, K)[1], truth)
+    r = common.recall_at_k(index.search(q, K)[1], truth, K)
     singles = []
     for row in q:
         t = time.perf_counter()
         index.search(row[None, :], K)
         singles.append((time.perf_counter() - t) * 1000)
     qb = np.resize(q, (batch, d))
-    best = min(timed(partial(index.search, qb, K)) for _ in range(3))
+    best = min(footprint.timed(partial(index.search, qb, K)) for _ in range(3))
     out = {
         "train_s": train_s,
         "add_s": add_s,
@@ -160,12 +154,6 @@ def raw_faiss(
     del index, quantizer
     gc.collect()
     return out
-
-
-def timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # -- the service ---------------------------------------------------------------------------------
@@ -206,18 +194,6 @@ def first_answer(url: str, api_key: str, body: bytes, timeout_s: float = 600.0) 
                     return time.perf_counter() - t0
             time.sleep(0.05)
     raise TimeoutError("no answer after the restart")
-
-
-def settle(idx: Any, quiet_s: float = 8.0) -> int:
-    """Wait until the gateway's background measurements stop; the queries measured."""
-    last, since = -1, time.perf_counter()
-    while True:
-        measured = int((idx.describe().get("recall") or {}).get("sampled_queries") or 0)
-        if measured != last:
-            last, since = measured, time.perf_counter()
-        elif time.perf_counter() - since >= quiet_s:
-            return measured
-        time.sleep(0.5)
 
 
 def run_service(
@@ -266,7 +242,7 @@ def run_service(
             out["shard_bytes_per_vector"] = (shards - idle[1]) / n
             for lo in range(0, len(learn), LEARN_BATCH):
                 idx.query(learn[lo : lo + LEARN_BATCH], K, include=["distance"])
-                settle(idx)
+                common.settle(idx)
             bodies = [query_body("scale", key, q[i : i + 1]) for i in range(len(q))]
             singles, found = [], np.full((len(q), K), -1, dtype=np.int64)
             for i, b in enumerate(bodies):
@@ -276,12 +252,12 @@ def run_service(
                 found[i, : len(res[0])] = [int(e["id"][1:]) for e in res[0]]
             out["p50_ms"], out["p99_ms"] = common.pct(singles, 50), common.pct(singles, 99)
             out["health_p50_ms"] = common.pct(
-                [1000 * timed(partial(common.health, client)) for _ in range(200)], 50
+                [1000 * footprint.timed(partial(common.health, client)) for _ in range(200)], 50
             )
-            out["recall"] = recall(found, truth)
+            out["recall"] = common.recall_at_k(found, truth, K)
             qb = np.resize(q, (args.batch, dim))
             body = query_body("scale", key, qb)
-            best = min(timed(lambda: common.query(client, body)) for _ in range(3))
+            best = min(footprint.timed(lambda: common.query(client, body)) for _ in range(3))
             out["batch_qps"] = args.batch / best
             out["lists_per_query"] = (idx.describe().get("recall") or {}).get(
                 "lists_scanned_per_query"
