@@ -20,6 +20,7 @@ from actors import constants
 from actors.engine.locality import locality_order, rank_lists, request_order
 from actors.engine.selection import GENERATIONS
 from actors.errors import InvalidRequest
+from actors.storage import codec
 
 
 def untrained_template(dimension: int) -> faiss.IndexIVF:
@@ -101,21 +102,37 @@ def serialize(index: faiss.Index) -> np.ndarray:
     return np.asarray(faiss.serialize_index(index))
 
 
+def serialize_frame(index: faiss.Index) -> codec.Frame:
+    """``index`` serialised as the pieces faiss writes it in (one copy of its lists, never
+    joined: a snapshot seals them chunk by chunk)."""
+    pieces: list[bytes] = []
+    faiss.write_index(index, faiss.PyCallbackIOWriter(pieces.append, 1 << 20))
+    return codec.Frame(pieces)
+
+
 def deserialize(buf: np.ndarray) -> faiss.IndexIVF:
-    # read_index returns the concrete, owning IVF class; extract_index_ivf would hand back a
-    # non-owning view whose owner could be collected under it. It reads through a callback
-    # over the buffer: deserialize_index first copies all of it into a zero-filled vector,
-    # which took as long again as the read at 1.5 GB (docs/performance.md, scale).
     view = np.ascontiguousarray(buf, dtype=np.uint8).data.cast("B")
-    at = 0
+    return read_index(codec.Reader([view]), len(view))
+
+
+def read_index(reader: codec.Reader, nbytes: int) -> faiss.IndexIVF:
+    """The index serialised in the next ``nbytes`` of ``reader``."""
+    # read_index returns the concrete, owning IVF class; extract_index_ivf would hand back a
+    # non-owning view whose owner could be collected under it. It reads through a callback:
+    # deserialize_index first copies all of a buffer into a zero-filled vector, which took as
+    # long again as the read at 1.5 GB (docs/performance.md, scale), and a snapshot read
+    # chunk by chunk is never one buffer.
+    left = nbytes
 
     def read(size: int) -> bytes:
-        nonlocal at
-        chunk = view[at : at + size]
-        at += len(chunk)
-        return chunk.tobytes()
+        nonlocal left
+        chunk = reader.read(min(size, left))
+        left -= len(chunk)
+        return bytes(chunk)
 
     index = faiss.read_index(faiss.PyCallbackIOReader(read, 1 << 20))
+    if left:
+        raise ValueError("the serialised index is shorter than its frame says")
     if not isinstance(index, faiss.IndexIVF):
         raise ValueError("template is not an IVF index")
     return index

@@ -37,7 +37,7 @@ from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
 from actors.process.quiet import WhenQuiet
-from actors.storage import Store, StoreError, open_store, persistence
+from actors.storage import Store, StoreError, codec, open_store, persistence
 from actors.types import (
     ShardStats,
     UpsertBatch,
@@ -398,7 +398,7 @@ class Shard(ShardReads, ShardBackup):
         finally:
             self._snapshot_lock.release()
 
-    def _capture(self) -> bytes:
+    def _capture(self) -> codec.Frame:
         state = shard_state.State(
             self.seq, self.version, self.nprobe_table, self.items, self.partition
         )

@@ -67,7 +67,7 @@ class ShardBackup:
     def _ensure_loaded(self, key: bytes) -> None:
         raise NotImplementedError
 
-    def _capture(self) -> bytes:
+    def _capture(self) -> codec.Frame:
         raise NotImplementedError
 
     def _install(self, state: shard_state.State) -> None:
@@ -77,13 +77,12 @@ class ShardBackup:
         """This shard's state now, as sealed chunks of at most BACKUP_CHUNK_BYTES: (chunks in
         all, the state's training version, sealed chunk) each."""
         with self._reading(key):
-            frame = memoryview(self._capture())
+            frame = self._capture()
             # -1: empty and never trained here (it takes the index's lists with its first item)
             version = self.version if len(self.items) or self.partition is not None else -1
         size = constants.BACKUP_CHUNK_BYTES
-        total = max(1, -(-len(frame) // size))
-        for n in range(total):
-            part = frame[n * size : (n + 1) * size]
+        total = max(1, -(-frame.nbytes // size))
+        for n, part in enumerate(frame.chunks(size)):
             associated = chunk_aad(self.name, self.shard_no, backup_id, n, total)
             yield total, version, seal(key, part, associated)
 

@@ -4,12 +4,13 @@ generation, the write-ahead log since, sealed under every key the shard writes w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from actors import constants
 from actors.engine.shard_keys import ShardKeys
 from actors.storage import Store, persistence
+from actors.storage.codec import Frame
 
 
 class ShardLog:
@@ -33,9 +34,9 @@ class ShardLog:
         self.records = 0  # records written since the last snapshot
         self.bytes = 0
 
-    def snapshot(self, key: bytes) -> bytes | None:
-        """The latest snapshot's frame (None: there is none yet); its generation becomes the
-        current one."""
+    def snapshot(self, key: bytes) -> Iterator[bytes] | None:
+        """The latest snapshot's frame, chunk by chunk as they are read (None: there is none
+        yet); its generation becomes the current one."""
         ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
         found = persistence.load_snapshot(self.store, key, self.name, ix, no, epoch)
         if found is None:
@@ -84,12 +85,12 @@ class ShardLog:
         self.records = self.bytes = 0
         return self.gen
 
-    def write_snapshot(self, key: bytes, frame: bytes, gen: int) -> None:
+    def write_snapshot(self, key: bytes, frame: bytes | Frame, gen: int) -> None:
         """``frame`` as snapshot ``gen``; while the key rotates, under both keys."""
         for sealing, epoch in self.keys.sealing(key):
             self.put_snapshot(sealing, epoch, frame, gen)
 
-    def put_snapshot(self, key: bytes, epoch: int, frame: bytes, gen: int) -> None:
+    def put_snapshot(self, key: bytes, epoch: int, frame: bytes | Frame, gen: int) -> None:
         persistence.put_snapshot(
             self.store,
             key,

@@ -4,6 +4,7 @@ a snapshot, and an estimate of the memory they take."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from actors import constants
 from actors.engine.items import ItemTable
-from actors.engine.ivf import PartitionIndex, serialize, too_large
+from actors.engine.ivf import PartitionIndex, read_index, serialize_frame, too_large
 from actors.storage import codec
 from actors.types import UpsertBatch
 
@@ -27,26 +28,31 @@ class State:
     partition: PartitionIndex | None
 
 
-def capture(state: State) -> bytes:
+def capture(state: State) -> codec.Frame:
+    """The state as a frame; it copies what later writes change (the lists once, as faiss
+    serialises them), so it stays valid after the shard's lock is released."""
     meta: dict[str, Any] = {
         "seq": state.seq,
         "version": state.version,
         "nprobe_table": [list(p) for p in state.nprobe_table],
         "next_label": state.items.next_label,
     }
-    arrays = state.items.to_arrays()
+    arrays: dict[str, np.ndarray | codec.Frame] = dict(state.items.to_arrays())
     if state.partition is not None:
         meta["dimension"] = state.partition.dimension
-        arrays["index"] = serialize(state.partition.index)
-        arrays["radii"] = state.partition.radii
-    return codec.pack(meta, arrays)
+        arrays["index"] = serialize_frame(state.partition.index)
+        arrays["radii"] = state.partition.radii.copy()
+    return codec.pack_frame(meta, arrays)
 
 
-def restore(frame: bytes) -> State:
-    meta, arrays = codec.unpack(frame)
+def restore(frame: bytes | memoryview | Iterable[codec.Buffer]) -> State:
+    """The state in ``frame``: one buffer, or its consecutive chunks, each read once and
+    released as the lists are read from it (a snapshot is never held whole)."""
+    chunks = [frame] if isinstance(frame, (bytes, memoryview)) else frame
+    meta, arrays = codec.unpack_stream(codec.Reader(chunks), {"index": read_index}, copy=True)
     partition = None
     if "index" in arrays:
-        partition = PartitionIndex.from_template(arrays["index"], meta["dimension"])
+        partition = PartitionIndex(arrays.pop("index"))
         partition.radii = arrays["radii"].copy()
     return State(
         seq=meta["seq"],

@@ -7,39 +7,142 @@ blob plus int64 lengths (-1 = None), so no pickle is ever involved.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import orjson
 
+Buffer = bytes | bytearray | memoryview
 
-def pack(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    specs = []
-    bodies = []
+
+class Frame:
+    """A frame as the pieces it is made of, never joined into one buffer: a snapshot of a
+    shard holding gigabytes is sealed and written chunk by chunk from it (the pieces reference
+    the arrays they were packed from, which must not change while the frame is in use)."""
+
+    def __init__(self, pieces: Sequence[Buffer]) -> None:
+        self.pieces = [memoryview(p).cast("B") for p in pieces]
+        self.nbytes = sum(len(p) for p in self.pieces)
+
+    def chunks(self, size: int) -> Iterator[Buffer]:
+        """The frame in consecutive contiguous chunks of ``size`` bytes (the last: the rest;
+        at least one chunk). A chunk inside one piece is a view of it, else a new buffer."""
+        if size <= 0:
+            raise ValueError("chunk size must be positive")
+        left, buf, at = self.nbytes, bytearray(), 0
+        for view in self.pieces:
+            while len(view):
+                if not at and len(view) >= size:
+                    yield view[:size]
+                    view, left = view[size:], left - size
+                    continue
+                if not at:
+                    buf = bytearray(min(size, left))  # allocated at its size: never regrown
+                take = min(len(buf) - at, len(view))
+                buf[at : at + take] = view[:take]
+                view, at = view[take:], at + take
+                if at == len(buf):
+                    yield buf
+                    left, at = left - at, 0
+        if not self.nbytes:
+            yield buf
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+class Reader:
+    """Reads a frame in order from consecutive chunks of it, pulled one at a time (a chunk is
+    released once read past, unless an array read from it still refers to it)."""
+
+    def __init__(self, chunks: Iterable[Buffer]) -> None:
+        self._chunks = iter(chunks)
+        self._view = memoryview(b"")
+
+    def read(self, n: int) -> Buffer:
+        """The next ``n`` bytes (fewer at the end): a view when they lie in one chunk."""
+        if len(self._view) >= n:
+            out, self._view = self._view[:n], self._view[n:]
+            return out
+        parts, have = [self._view], len(self._view)
+        while have < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            view = memoryview(chunk).cast("B")
+            parts.append(view[: n - have])
+            have += len(parts[-1])
+            self._view = view[len(parts[-1]) :]
+        if have <= n and len(parts) == 2 and not len(parts[0]):
+            return parts[1]  # (began at a chunk's start: no copy)
+        return b"".join(parts)
+
+    def at_end(self) -> bool:
+        while not len(self._view):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return True
+            self._view = memoryview(chunk).cast("B")
+        return False
+
+
+def pack_frame(meta: dict[str, Any], arrays: Mapping[str, np.ndarray | Frame]) -> Frame:
+    """``meta`` and ``arrays`` as a :class:`Frame` (a Frame value: raw bytes, as uint8)."""
+    specs: list[list[Any]] = []
+    bodies: list[Buffer] = []
     for name, arr in arrays.items():
+        if isinstance(arr, Frame):
+            specs.append([name, "|u1", [arr.nbytes]])
+            bodies.extend(arr.pieces)
+            continue
         a = np.ascontiguousarray(arr)
         if a.dtype == object:
             raise TypeError(f"array {name!r} has dtype object; encode strings with pack_strings")
         specs.append([name, a.dtype.str, list(a.shape)])
-        bodies.append(a.tobytes())
+        bodies.append(a.reshape(-1).view(np.uint8).data)
     header = orjson.dumps({"meta": meta, "arrays": specs})
-    return b"".join([len(header).to_bytes(4, "little"), header, *bodies])
+    return Frame([len(header).to_bytes(4, "little"), header, *bodies])
+
+
+def pack(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    return pack_frame(meta, arrays).tobytes()
 
 
 def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    view = memoryview(buf)
-    hlen = int.from_bytes(view[:4], "little")
-    header = orjson.loads(view[4 : 4 + hlen])
-    pos = 4 + hlen
-    arrays: dict[str, np.ndarray] = {}
+    return unpack_stream(Reader([buf]))
+
+
+def unpack_stream(
+    reader: Reader,
+    read_as: Mapping[str, Callable[[Reader, int], Any]] | None = None,
+    copy: bool = False,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A frame read from ``reader``: its meta and arrays. ``read_as[name](reader, nbytes)``
+    reads that array itself (instead of it being gathered into one buffer) and gives its
+    value; it must read exactly ``nbytes``. ``copy``: the arrays are copies, not views of the
+    chunks (which are then released as they are read past)."""
+    read_as = read_as or {}
+    head = reader.read(4)
+    if len(head) < 4:
+        raise ValueError("frame length does not match its header")
+    hlen = int.from_bytes(head, "little")
+    header = orjson.loads(reader.read(hlen))
+    arrays: dict[str, Any] = {}
     for name, dtype_str, shape in header["arrays"]:
         dtype = np.dtype(dtype_str)
         count = int(np.prod(shape)) if shape else 1
         nbytes = count * dtype.itemsize
-        arrays[name] = np.frombuffer(view[pos : pos + nbytes], dtype=dtype).reshape(shape)
-        pos += nbytes
-    if pos != len(view):
+        if name in read_as:
+            arrays[name] = read_as[name](reader, nbytes)
+            continue
+        body = reader.read(nbytes)
+        if len(body) != nbytes:
+            raise ValueError("frame length does not match its header")
+        arrays[name] = np.frombuffer(body, dtype=dtype).reshape(shape)
+        if copy and isinstance(body, memoryview):
+            arrays[name] = arrays[name].copy()
+    if not reader.at_end():
         raise ValueError("frame length does not match its header")
     return header["meta"], arrays
 

@@ -164,7 +164,7 @@ def _cipher(data_key: bytes) -> AESGCM:
     return _ciphers.get_or_create(hashlib.sha256(data_key).digest(), lambda: AESGCM(data_key))
 
 
-def seal(data_key: bytes, plaintext: bytes | memoryview, associated: bytes) -> bytes:
+def seal(data_key: bytes, plaintext: bytes | bytearray | memoryview, associated: bytes) -> bytes:
     """Encrypt: ``12-byte random nonce || AES-256-GCM ciphertext || 16-byte tag``."""
     nonce = os.urandom(NONCE_BYTES)
     return nonce + _cipher(data_key).encrypt(nonce, plaintext, associated)

@@ -29,7 +29,8 @@ import orjson
 
 from actors import constants
 from actors.errors import DecryptError
-from actors.storage import Store, codec, key_join
+from actors.storage import Store, StoreError, codec, key_join
+from actors.storage.codec import Frame
 from actors.storage.crypto import aad, open_sealed, seal
 from actors.types import IndexConfig, IndexMeta, KeyRotation, UpsertBatch, UserGrant
 
@@ -345,7 +346,7 @@ def put_snapshot(
     index_id: str,
     shard: int,
     epoch: int,
-    frame: bytes,
+    frame: bytes | Frame,
     gen: int,
     chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
 ) -> None:
@@ -356,16 +357,17 @@ def put_snapshot(
     stored = _stored(store, index_id, shard, "snap", epoch)
     for k in stored.pop(gen, []):
         store.delete(k)  # left by an earlier attempt at this generation, cut short
-    parts = max(1, -(-len(frame) // chunk_bytes))
-    if parts == 1:
-        blob = seal(key, frame, _snap_aad(name, shard, gen))
-        store.put(snap_key(index_id, shard, gen, epoch), blob)
-    else:
-        view = memoryview(frame)
-        for i in range(parts):
-            piece = view[i * chunk_bytes : (i + 1) * chunk_bytes]
+    whole = frame if isinstance(frame, Frame) else Frame([frame])
+    parts = max(1, -(-whole.nbytes // chunk_bytes))
+    # Sealed and written a chunk at a time: the frame is never copied whole.
+    for i, piece in enumerate(whole.chunks(chunk_bytes)):
+        if parts == 1:
+            blob = seal(key, piece, _snap_aad(name, shard, gen))
+            store.put(snap_key(index_id, shard, gen, epoch), blob)
+        else:
             blob = seal(key, piece, _snap_aad(name, shard, gen, i, parts))
             store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
+        del blob, piece
     for old, keys in stored.items():  # listed before: the shard's snapshots are written in turn
         if old < gen:
             for k in keys:
@@ -382,23 +384,28 @@ def _snap_aad(name: str, shard: int, gen: int, part: int = 0, parts: int = 1) ->
 
 def load_snapshot(
     store: Store, key: bytes, name: str, index_id: str, shard: int, epoch: int
-) -> tuple[int, bytes] | None:
-    """(generation, frame) of the shard's latest complete snapshot in key epoch ``epoch``;
-    None when there is none."""
+) -> tuple[int, Iterator[bytes]] | None:
+    """(generation, its frame's chunks) of the shard's latest complete snapshot in key epoch
+    ``epoch``; None when there is none. Each chunk is read and opened as it is taken (a
+    snapshot is never held whole)."""
     for gen, keys in sorted(_stored(store, index_id, shard, "snap", epoch).items(), reverse=True):
         whole = snap_key(index_id, shard, gen, epoch)
         if whole in keys:
-            blob = store.get(whole)
-            assert blob is not None
-            return gen, open_sealed(key, blob, _snap_aad(name, shard, gen))
+            return gen, _opened(store, key, [(whole, _snap_aad(name, shard, gen))])
         parts = int(keys[0].rsplit("-", 1)[1])
         names = [snap_part_key(index_id, shard, gen, i, parts, epoch) for i in range(parts)]
         if set(names) != set(keys):
             continue  # cut short by a crash while it was written: the one before holds
-        pieces = []
-        for i, k in enumerate(names):
-            blob = store.get(k)
-            assert blob is not None
-            pieces.append(open_sealed(key, blob, _snap_aad(name, shard, gen, i, parts)))
-        return gen, b"".join(pieces)
+        places = [(k, _snap_aad(name, shard, gen, i, parts)) for i, k in enumerate(names)]
+        return gen, _opened(store, key, places)
     return None
+
+
+def _opened(store: Store, key: bytes, places: list[tuple[str, bytes]]) -> Iterator[bytes]:
+    for k, associated in places:
+        blob = store.get(k)
+        if blob is None:
+            raise StoreError(f"snapshot chunk {k} vanished while it was read")
+        opened = open_sealed(key, blob, associated)
+        del blob  # before the chunk is read: one sealed chunk at a time
+        yield opened

@@ -56,3 +56,51 @@ def test_truncated_frame_is_detected() -> None:
     frame = codec.pack({}, {"a": np.arange(10)})
     with pytest.raises(ValueError):
         codec.unpack(frame[:-1])
+
+
+pieces_st = st.lists(st.binary(max_size=40), max_size=8)
+
+
+@given(pieces_st, st.integers(1, 50))
+def test_a_frame_splits_into_chunks_of_the_size_asked(pieces: list[bytes], size: int) -> None:
+    frame = codec.Frame(pieces)
+    chunks = [bytes(c) for c in frame.chunks(size)]
+    assert b"".join(chunks) == b"".join(pieces) == frame.tobytes()
+    assert len(chunks) == max(1, -(-frame.nbytes // size))
+    assert all(len(c) == size for c in chunks[:-1])
+
+
+@given(st.integers(1, 64), st.integers(0, 30), st.integers(1, 40))
+def test_a_frame_reads_back_from_any_chunking(rows: int, n: int, size: int) -> None:
+    """A frame read chunk by chunk (chunks of any size, arrays spanning them) gives what
+    one buffer gives; an array read by its own reader gets exactly its bytes."""
+    arrays = {
+        "a": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
+        "b": np.arange(n, dtype=np.int64),
+    }
+    raw = codec.Frame([bytes(range(n))])
+    frame = codec.pack_frame({"m": n}, {**arrays, "raw": raw, "c": np.array([True, False])})
+    whole = frame.tobytes()
+    seen: list[bytes] = []
+
+    def own(reader: codec.Reader, nbytes: int) -> int:
+        seen.append(bytes(reader.read(nbytes)))
+        return nbytes
+
+    for copy in (False, True):
+        seen.clear()
+        meta, out = codec.unpack_stream(codec.Reader(frame.chunks(size)), {"raw": own}, copy=copy)
+        assert meta == {"m": n} and out["raw"] == n and seen == [bytes(range(n))]
+        ref = codec.unpack(whole)[1]
+        for name in ("a", "b", "c"):
+            np.testing.assert_array_equal(out[name], ref[name])
+            assert out[name].dtype == ref[name].dtype
+
+
+def test_a_frame_with_a_chunk_missing_is_refused() -> None:
+    frame = codec.pack_frame({}, {"a": np.arange(100)})
+    chunks = [bytes(c) for c in frame.chunks(64)]
+    with pytest.raises(ValueError):
+        codec.unpack_stream(codec.Reader(chunks[:-1]))
+    with pytest.raises(ValueError):
+        codec.unpack_stream(codec.Reader([*chunks, b"x"]))

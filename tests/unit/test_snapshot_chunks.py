@@ -5,6 +5,7 @@ triggered it stays acknowledged), and chunks do not open out of place."""
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +119,31 @@ def test_chunks_open_only_in_their_place(store: Store) -> None:
     store.put(keys[1], first)
     with pytest.raises(DecryptError):
         shard(store).list_ids(KEY)
+
+
+def test_a_snapshot_is_never_held_whole(tmp_path: Path) -> None:
+    """Writing a snapshot holds the shard's state once more at most (the lists as faiss
+    serialises them), never packed and joined copies of it; loading holds a few chunks, not
+    the frame. Measured as the peak of Python's traced allocations (numpy's included)."""
+    chunk = 1 << 18
+    s = Shard(f"file://{tmp_path}", "idx", "id0", 0, snapshot_chunk_bytes=chunk)
+    n, dim = 40_000, 64
+    x = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    s.upsert(KEY, UpsertBatch([f"v{i}" for i in range(n)], x, None, [None] * n, [None] * n))
+    del x
+    size = s._capture().nbytes
+    assert size > 40 * chunk
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        s.snapshot(KEY)
+        written = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.reset_peak()
+        again = Shard(f"file://{tmp_path}", "idx", "id0", 0, snapshot_chunk_bytes=chunk)
+        base = tracemalloc.get_traced_memory()[0]
+        assert len(again.list_ids(KEY)) == n
+        read = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert written < 1.4 * size, written / size  # packed whole, then joined: 3x
+    assert read < 1.2 * size, read / size  # the frame whole, then joined: 2x
