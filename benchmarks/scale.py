@@ -4,9 +4,10 @@ latency, throughput and recall, beside raw faiss on the same data in the same ru
 ``vaultvec serve`` is started as a user starts it (its own process group, Ray temp dir, data
 directory or a PostgreSQL database, API key and port; automatic training off so that the
 training is timed on its own). N clustered vectors (``--dim`` dimensions, 1,000 Gaussian
-clusters; generated in pieces, so 10M × 128 needs no more than its 5 GB) are upserted over the
-compact array route in requests of 20,000, then the index is trained (``--n-lists``, 0 for
-automatic). Then:
+clusters; generated in pieces, so 10M × 128 needs no more than its 5 GB, and again piece by
+piece for the upserts, so that this process does not hold them beside the service) are
+upserted over the compact array route in requests of 20,000, then the index is trained
+(``--n-lists``, 0 for automatic). Then:
 
 - resident bytes per vector: the PSS of every process of the service (benchmarks/footprint.py)
   after training, less its PSS with the index created but empty (its shard actors up), over
@@ -73,11 +74,22 @@ def vectors(c: np.ndarray, n: int, seed: int, spread: float = 0.15) -> np.ndarra
     return out
 
 
-def dataset(n: int, dim: int, piece: int = 1_000_000) -> np.ndarray:
+PIECE = 1_000_000  # vectors generated at a time (each piece from its own seed)
+
+
+def pieces(n: int, dim: int) -> Iterator[np.ndarray]:
+    """The data set in order, a piece at a time: the same vectors on every pass."""
     c = centres(dim)
+    for i, lo in enumerate(range(0, n, PIECE)):
+        yield vectors(c, min(PIECE, n - lo), seed=1 + i)
+
+
+def dataset(n: int, dim: int) -> np.ndarray:
     x = np.empty((n, dim), dtype=np.float32)
-    for i, lo in enumerate(range(0, n, piece)):
-        x[lo : lo + piece] = vectors(c, min(piece, n - lo), seed=1 + i)
+    at = 0
+    for piece in pieces(n, dim):
+        x[at : at + len(piece)] = piece
+        at += len(piece)
     return x
 
 
@@ -197,17 +209,13 @@ def first_answer(url: str, api_key: str, body: bytes, timeout_s: float = 600.0) 
 
 
 def run_service(
-    args: argparse.Namespace,
-    data: list[np.ndarray],
-    q: np.ndarray,
-    learn: np.ndarray,
-    truth: np.ndarray,
+    args: argparse.Namespace, q: np.ndarray, learn: np.ndarray, truth: np.ndarray
 ) -> dict[str, Any]:
-    """The service's figures; ``data`` holds the vectors, dropped once upserted (at 10M they
-    are 5 GB this process need not keep while the service trains)."""
+    """The service's figures. The vectors are generated again piece by piece as they are
+    upserted (at 10M × 128 they are 5 GB, which this process need not hold beside the
+    service)."""
     out: dict[str, Any] = {}
-    x = data.pop()
-    n, dim = x.shape
+    n, dim = args.n, args.dim
     env = {"VAULTVEC_AUTO_TRAIN_THRESHOLD": str(10**12)}
     with store_url(args.store) as url:
         svc = footprint.start(env, storage=url)
@@ -219,15 +227,17 @@ def run_service(
             idx = client.create_index("scale", key, index_type=args.index_type, dimension=dim)
             time.sleep(args.settle)
             idle = pss(svc)  # the shard actors up, the index empty
-            ids = np.char.add("v", np.arange(n).astype(str))
-            t0 = time.perf_counter()
-            for lo in range(0, n, BATCH_ROWS):
-                idx.upsert(ids[lo : lo + BATCH_ROWS].tolist(), x[lo : lo + BATCH_ROWS], binary=True)
-                if (lo // BATCH_ROWS) % 50 == 49:
-                    el = time.perf_counter() - t0
-                    print(f"  upserted {lo + BATCH_ROWS:,} in {el:.0f}s", flush=True)
+            t0, at = time.perf_counter(), 0
+            for x in pieces(n, dim):
+                for lo in range(0, len(x), BATCH_ROWS):
+                    rows = x[lo : lo + BATCH_ROWS]
+                    ids = [f"v{i}" for i in range(at, at + len(rows))]
+                    idx.upsert(ids, rows, binary=True)
+                    at += len(rows)
+                el = time.perf_counter() - t0
+                print(f"  upserted {at:,} in {el:.0f}s", flush=True)
             out["ingest_per_s"] = n / (time.perf_counter() - t0)
-            del x, ids
+            del x
             gc.collect()
             out["train_s"], _ = common.train_and_wait(client, idx, args.n_lists or None)
             out["n_lists"] = idx.describe()["n_lists"]
@@ -359,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     n_lists = args.n_lists or auto_n_lists(args.n)
     raw = raw_faiss(x, q, truth, n_lists, args.index_type, args.batch)
     print(f"raw faiss: {raw}", flush=True)
-    data = [x]
     del x
-    svc = run_service(args, data, q, learn, truth)
+    gc.collect()
+    svc = run_service(args, q, learn, truth)
     report(args, svc, raw)
     if args.json:
         with open(args.json, "wb") as f:
