@@ -76,7 +76,7 @@ class Store(Protocol):
         """The blob stored under ``key``, or ``None``."""
         ...
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         """Store a blob atomically (readers see old or new, never partial) and durably."""
         ...
 

@@ -25,28 +25,29 @@ class Frame:
         self.pieces = [memoryview(p).cast("B") for p in pieces]
         self.nbytes = sum(len(p) for p in self.pieces)
 
-    def chunks(self, size: int) -> Iterator[Buffer]:
-        """The frame in consecutive contiguous chunks of ``size`` bytes (the last: the rest;
-        at least one chunk). A chunk inside one piece is a view of it, else a new buffer."""
+    def chunk_pieces(self, size: int) -> Iterator[list[memoryview]]:
+        """The frame in consecutive chunks of ``size`` bytes (the last: the rest; at least
+        one chunk), each as the views of the pieces it spans: nothing is copied."""
         if size <= 0:
             raise ValueError("chunk size must be positive")
-        left, buf, at = self.nbytes, bytearray(), 0
+        chunk: list[memoryview] = []
+        room = size
         for view in self.pieces:
             while len(view):
-                if not at and len(view) >= size:
-                    yield view[:size]
-                    view, left = view[size:], left - size
-                    continue
-                if not at:
-                    buf = bytearray(min(size, left))  # allocated at its size: never regrown
-                take = min(len(buf) - at, len(view))
-                buf[at : at + take] = view[:take]
-                view, at = view[take:], at + take
-                if at == len(buf):
-                    yield buf
-                    left, at = left - at, 0
-        if not self.nbytes:
-            yield buf
+                take = view[:room]
+                chunk.append(take)
+                view, room = view[len(take) :], room - len(take)
+                if not room:
+                    yield chunk
+                    chunk, room = [], size
+        if chunk or not self.nbytes:
+            yield chunk
+
+    def chunks(self, size: int) -> Iterator[Buffer]:
+        """The frame in consecutive contiguous chunks of ``size`` bytes: a view where a chunk
+        lies in one piece, else the pieces it spans joined."""
+        for parts in self.chunk_pieces(size):
+            yield parts[0] if len(parts) == 1 else b"".join(parts)
 
     def tobytes(self) -> bytes:
         return b"".join(self.pieces)

@@ -74,7 +74,7 @@ def parse_log(buf: bytes, key: str) -> tuple[list[bytes], int]:
     return records, off
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -254,7 +254,7 @@ class LocalStore:
         except OSError as exc:
             raise _error("read", key, exc) from exc
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         self._check_open()
         path = self._blobs / validate_key(key)
         tmp = path.parent / f".~tmp-{uuid.uuid4().hex}"  # '~' is not a key character

@@ -31,7 +31,7 @@ from actors import constants
 from actors.errors import DecryptError
 from actors.storage import Store, StoreError, codec, key_join
 from actors.storage.codec import Frame
-from actors.storage.crypto import aad, open_sealed, seal
+from actors.storage.crypto import aad, open_sealed, seal, seal_pieces
 from actors.types import IndexConfig, IndexMeta, KeyRotation, UpsertBatch, UserGrant
 
 
@@ -360,14 +360,14 @@ def put_snapshot(
     whole = frame if isinstance(frame, Frame) else Frame([frame])
     parts = max(1, -(-whole.nbytes // chunk_bytes))
     # Sealed and written a chunk at a time: the frame is never copied whole.
-    for i, piece in enumerate(whole.chunks(chunk_bytes)):
+    for i, pieces in enumerate(whole.chunk_pieces(chunk_bytes)):
         if parts == 1:
-            blob = seal(key, piece, _snap_aad(name, shard, gen))
+            blob = seal_pieces(key, pieces, _snap_aad(name, shard, gen))
             store.put(snap_key(index_id, shard, gen, epoch), blob)
         else:
-            blob = seal(key, piece, _snap_aad(name, shard, gen, i, parts))
+            blob = seal_pieces(key, pieces, _snap_aad(name, shard, gen, i, parts))
             store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
-        del blob, piece
+        del blob, pieces
     for old, keys in stored.items():  # listed before: the shard's snapshots are written in turn
         if old < gen:
             for k in keys:

@@ -325,7 +325,7 @@ class PostgresStore:
 
         return self._run("read", key, body)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         validate_key(key)
         size = memoryview(data).nbytes
         if size > MAX_VALUE:

@@ -68,6 +68,8 @@ def test_a_frame_splits_into_chunks_of_the_size_asked(pieces: list[bytes], size:
     assert b"".join(chunks) == b"".join(pieces) == frame.tobytes()
     assert len(chunks) == max(1, -(-frame.nbytes // size))
     assert all(len(c) == size for c in chunks[:-1])
+    spans = [b"".join(p) for p in frame.chunk_pieces(size)]
+    assert spans == chunks
 
 
 @given(st.integers(1, 64), st.integers(0, 30), st.integers(1, 40))

@@ -296,3 +296,14 @@ def test_cipher_cache_is_bounded() -> None:
     for i in range(constants.KEY_CACHE_SIZE + 5):
         seal(i.to_bytes(32, "big"), b"x", AAD)
     assert len(crypto._ciphers._data) == constants.KEY_CACHE_SIZE
+
+
+@given(st.lists(st.binary(max_size=70), max_size=6), st.binary(max_size=20))
+def test_sealing_pieces_is_sealing_them_joined(pieces: list[bytes], associated: bytes) -> None:
+    """A snapshot chunk sealed from the pieces it spans opens as if sealed whole."""
+    key = bytes(range(32))
+    blob = crypto.seal_pieces(key, [memoryview(p) for p in pieces], associated)
+    assert len(blob) == len(crypto.seal(key, b"".join(pieces), associated))
+    assert crypto.open_sealed(key, bytes(blob), associated) == b"".join(pieces)
+    with pytest.raises(DecryptError):
+        crypto.open_sealed(key, bytes(blob), associated + b"x")
