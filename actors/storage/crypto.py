@@ -179,19 +179,18 @@ def seal_pieces(
     the same blob, without the pieces joined first or the ciphertext copied after the nonce."""
     total = sum(len(p) for p in pieces)
     nonce = os.urandom(NONCE_BYTES)
-    # update_into wants room for a block beyond each piece: the tag's place and 15 spare bytes
-    out = bytearray(NONCE_BYTES + total + TAG_BYTES + _BLOCK - 1)
+    out = bytearray(NONCE_BYTES + total + TAG_BYTES)
     out[:NONCE_BYTES] = nonce
     encryptor = Cipher(algorithms.AES(bytes(data_key)), modes.GCM(nonce)).encryptor()
     encryptor.authenticate_additional_data(associated)
     at = NONCE_BYTES
     with memoryview(out) as view:
         for piece in pieces:
-            if len(piece):
-                at += encryptor.update_into(piece, view[at : at + len(piece) + _BLOCK - 1])
+            if len(piece):  # update_into wants a block's room less one byte beyond the piece:
+                end = at + len(piece) + _BLOCK - 1  # within the tag's place, after the last
+                at += encryptor.update_into(piece, view[at:end])
         encryptor.finalize()
-        view[at : at + TAG_BYTES] = encryptor.tag
-    del out[at + TAG_BYTES :]
+        view[at:] = encryptor.tag
     return out
 
 
