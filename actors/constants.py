@@ -82,8 +82,11 @@ RESTORE_IDLE_S = 600.0
 STRINGS_COMPACT_SLACK = 1 << 16
 #: Recent id-map entries always tolerated before a merge: a small shard does not merge per write.
 IDMAP_MERGE_MIN = 4096
-#: A write of more ids goes straight into the id map's sorted arrays: one merge, not many small.
+#: A write of more ids, and more than 1/IDMAP_RECENT_SHARE of the ids the id map's sorted
+#: arrays hold, goes straight into them: one merge, not many small.
 IDMAP_BULK = 1024
+#: Recent id-map entries (a dict) are merged into the sorted arrays past this share of them.
+IDMAP_RECENT_SHARE = 8
 
 # -- training (actors.control) -----------------------------------------------------------------
 #: The top_k values automatic probing is calibrated for: the common ones, 1 to the default 100.

@@ -6,8 +6,9 @@ once, in the item table's packed :class:`~actors.engine.strings.StringColumn`; t
 sorted array of 64-bit hashes and the labels beside it, answers a batch of lookups with one
 ``searchsorted``, and confirms every hit against the stored id bytes, so a hash collision can
 never return another item. The rare id whose hash another live id already holds goes to a small
-``overflow`` dict. Small writes gather in ``recent`` (hash -> label) and are merged into the
-arrays when it grows past a fraction of them, so a write costs amortised O(log n).
+``overflow`` dict. Writes gather in ``recent`` (hash -> label) and are merged into the arrays
+when it grows past a fraction of them, so a write costs amortised O(log n); only a write large
+beside the arrays (a snapshot's ids, a first bulk load) goes into them at once.
 
 Hashes are Python's ``hash(str)``: cached on the string, salted per process, never persisted.
 """
@@ -119,11 +120,16 @@ class IdMap:
         for row in np.flatnonzero(taken).tolist():
             self.overflow[ids[row]] = int(labels[row])
         new = ~(reuse | taken)
-        if int(new.sum()) > constants.IDMAP_BULK:
+        # Straight into the arrays only when the write is large beside them: a merge re-sorts
+        # every entry, so merging per write would make a stream of writes quadratic.
+        if int(new.sum()) > max(
+            constants.IDMAP_BULK, len(self.keys) // constants.IDMAP_RECENT_SHARE
+        ):
             self._merge(hashes[new], labels[new])
         else:
             self.recent.update(zip(hashes[new].tolist(), labels[new].tolist()))
-            if len(self.recent) > max(constants.IDMAP_MERGE_MIN, len(self.keys) // 8):
+            limit = len(self.keys) // constants.IDMAP_RECENT_SHARE
+            if len(self.recent) > max(constants.IDMAP_MERGE_MIN, limit):
                 self._merge(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
         self.count += len(ids)
 

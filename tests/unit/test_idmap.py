@@ -126,3 +126,21 @@ def test_a_relabelled_table_finds_every_id_under_its_new_label(
             apply(table, model, op, ids)
             seen += ids
             check(table, model, [*seen, "absent", "é"])
+
+
+def test_a_stream_of_writes_merges_the_arrays_a_bounded_number_of_times() -> None:
+    """Writes arriving in pieces of more than IDMAP_BULK ids (an upsert split for the WAL)
+    gather like small ones: merging the sorted arrays at every write re-sorted every id per
+    write, which made ingesting millions of items quadratic."""
+    table = ItemTable()
+    none = [None] * 1500
+    table.insert([f"a{i}" for i in range(100_000)], [None] * 100_000, [None] * 100_000, None)
+    with mock.patch.object(
+        type(table.id_map), "_merge", autospec=True, side_effect=type(table.id_map)._merge
+    ) as merge:
+        for w in range(100):
+            table.insert([f"b{w}-{i}" for i in range(1500)], none, none, None)
+    assert merge.call_count <= 10, merge.call_count  # 1 per write before
+    labels = table.find([f"b{w}-{i}" for w in (0, 50, 99) for i in (0, 1499)])[1]
+    assert (labels >= 0).all() and len(set(labels.tolist())) == 6
+    assert len(table) == 250_000
