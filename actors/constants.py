@@ -68,8 +68,9 @@ STRINGS_SMALL_GET = 64
 ID_ORDER_TAIL_MIN = 4096
 #: A shard's snapshot larger than this is stored in chunks of this size, each sealed on its own
 #: (actors.storage.persistence): no stored value grows with the shard (PostgreSQL's bytea holds
-#: at most 1 GiB). Snapshots are sealed, written, read and opened a chunk at a time, so a few
-#: chunks are what a snapshot or a load needs beyond the shard's own state.
+#: at most 1 GiB). Snapshots are sealed, written, read and opened a chunk at a time: a snapshot
+#: needs one serialised copy of the shard's state and a few chunks beyond it, a load a few
+#: chunks beyond the state it builds.
 SNAPSHOT_CHUNK_BYTES = 64 << 20
 #: A shard's part of a backup is sealed in chunks of this size (actors.engine.shard_backup).
 BACKUP_CHUNK_BYTES = 2 << 20

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         shard.snapshot(KEY)
         elapsed = time.perf_counter() - t0
         shard.store.close()
+        del shard  # the process that wrote it is gone: its memory is not held beside the load
         with psycopg.connect(url) as conn:
             biggest, total = conn.execute(
                 "SELECT max(octet_length(data)), sum(octet_length(data)) FROM vaultvec_blobs"

@@ -15,6 +15,7 @@ Hashes are Python's ``hash(str)``: cached on the string, salted per process, nev
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -39,7 +40,9 @@ class IdMap:
         return self.count
 
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes
+        # recent: its table, and a hash and a label int object per entry
+        recent = sys.getsizeof(self.recent) + 60 * len(self.recent) if self.recent else 0
+        return self.keys.nbytes + self.vals.nbytes + recent
 
     def _hashes(self, ids: Sequence[str]) -> np.ndarray:
         return np.fromiter(map(self.hash_fn, ids), dtype=np.int64, count=len(ids))

@@ -45,10 +45,11 @@ def capture(state: State) -> codec.Frame:
     return codec.pack_frame(meta, arrays)
 
 
-def restore(frame: bytes | memoryview | Iterable[codec.Buffer]) -> State:
+def restore(frame: codec.Buffer | Iterable[codec.Buffer]) -> State:
     """The state in ``frame``: one buffer, or its consecutive chunks, each read once and
-    released as the lists are read from it (a snapshot is never held whole)."""
-    chunks = [frame] if isinstance(frame, (bytes, memoryview)) else frame
+    released as the lists are read from it (a snapshot loaded from the store is never held
+    whole)."""
+    chunks = [frame] if isinstance(frame, (bytes, bytearray, memoryview)) else frame
     meta, arrays = codec.unpack_stream(codec.Reader(chunks), {"index": read_index}, copy=True)
     partition = None
     if "index" in arrays:

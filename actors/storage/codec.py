@@ -75,7 +75,9 @@ class Reader:
             parts.append(view[: n - have])
             have += len(parts[-1])
             self._view = view[len(parts[-1]) :]
-        if have <= n and len(parts) == 2 and not len(parts[0]):
+        if have < n:  # the end: what was left is read
+            self._view = memoryview(b"")
+        if len(parts) == 2 and not len(parts[0]):
             return parts[1]  # (began at a chunk's start: no copy)
         return b"".join(parts)
 
@@ -124,11 +126,10 @@ def unpack_stream(
     value; it must read exactly ``nbytes``. ``copy``: the arrays are copies, not views of the
     chunks (which are then released as they are read past)."""
     read_as = read_as or {}
-    head = reader.read(4)
+    head = bytes(reader.read(4))  # (bytes: no view left holding the first chunk)
     if len(head) < 4:
         raise ValueError("frame length does not match its header")
-    hlen = int.from_bytes(head, "little")
-    header = orjson.loads(reader.read(hlen))
+    header = orjson.loads(reader.read(int.from_bytes(head, "little")))
     arrays: dict[str, Any] = {}
     for name, dtype_str, shape in header["arrays"]:
         dtype = np.dtype(dtype_str)
@@ -143,6 +144,7 @@ def unpack_stream(
         arrays[name] = np.frombuffer(body, dtype=dtype).reshape(shape)
         if copy and isinstance(body, memoryview):
             arrays[name] = arrays[name].copy()
+        del body  # (no view of a chunk kept while the next array is read)
     if not reader.at_end():
         raise ValueError("frame length does not match its header")
     return header["meta"], arrays

@@ -106,3 +106,13 @@ def test_a_frame_with_a_chunk_missing_is_refused() -> None:
         codec.unpack_stream(codec.Reader(chunks[:-1]))
     with pytest.raises(ValueError):
         codec.unpack_stream(codec.Reader([*chunks, b"x"]))
+
+
+def test_a_read_past_the_end_consumes_what_was_left() -> None:
+    """A short read at the end is not handed out twice (faiss keeps reading after one)."""
+    for chunks in ([b"abc"], [b"ab", b"c"]):
+        reader = codec.Reader(chunks)
+        assert bytes(reader.read(1)) == b"a"
+        assert bytes(reader.read(5)) == b"bc"
+        assert bytes(reader.read(1)) == b""
+        assert reader.at_end()
