@@ -361,11 +361,10 @@ def put_snapshot(
     parts = max(1, -(-whole.nbytes // chunk_bytes))
     # Sealed and written a chunk at a time: the frame is never copied whole.
     for i, pieces in enumerate(whole.chunk_pieces(chunk_bytes)):
+        blob = seal_pieces(key, pieces, _snap_aad(name, shard, gen, i, parts))
         if parts == 1:
-            blob = seal_pieces(key, pieces, _snap_aad(name, shard, gen))
             store.put(snap_key(index_id, shard, gen, epoch), blob)
         else:
-            blob = seal_pieces(key, pieces, _snap_aad(name, shard, gen, i, parts))
             store.put(snap_part_key(index_id, shard, gen, i, parts, epoch), blob)
         del blob, pieces
     for old, keys in stored.items():  # listed before: the shard's snapshots are written in turn
