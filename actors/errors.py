@@ -82,6 +82,13 @@ class IndexRetired(Unavailable):
     default_detail = "the index was deleted or re-created while the request ran; retry"
 
 
+class PartitionMoved(IndexRetired):
+    """Raised by a pool actor for a partition that moved to another actor (actors.control.
+    rebalance): the caller's view of the index is out of date."""
+
+    default_detail = "a partition of the index moved while the request ran; retry"
+
+
 class InternalError(VaultvecError):
     status_code = 500
 

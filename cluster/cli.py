@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from actors.storage import redact_url
-from cluster import fastpath
+from cluster import fastpath, rebalance
 from cluster.bulk.cli import add_commands
 from serve_app.settings import Settings
 
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.set_defaults(func=_serve)
     add_commands(sub)  # bulk-query, bulk-upsert
+    rebalance.add_command(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -184,6 +184,12 @@ class Settings(BaseSettings):
     idle_ttl_s: float = Field(
         ENGINE.idle_ttl_s, ge=0, description="unload partitions idle this long; 0 = never"
     )
+    rebalance_check_s: float = Field(
+        ENGINE.rebalance_check_s,
+        ge=0,
+        description="seconds between checks for a Ray node that joined; partitions then move "
+        "onto it (vaultvec rebalance); 0 = only when asked",
+    )
 
     max_top_k: int = Field(10_000, ge=1)
     max_body_bytes: int = Field(256 << 20, ge=1024)

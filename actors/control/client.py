@@ -13,6 +13,7 @@ import numpy as np
 from ray.exceptions import RayTaskError
 
 from actors.control.options import IndexView
+from actors.control.rebalance import RebalanceReport
 from actors.control.training import TrainParams
 from actors.metrics import Family, ServiceReport
 from actors.types import IndexConfig, IndexMeta
@@ -88,6 +89,9 @@ class ControlClient:
 
     def save_probing(self, name: str, data_key: bytes, version: int, state: bytes) -> None:
         self.handle.save_probing.remote(name, data_key, version, state)
+
+    async def rebalance(self, drain: list[str], dry_run: bool) -> RebalanceReport:
+        return await answer(self.handle.rebalance.remote(drain, dry_run))
 
     # -- per-index users --------------------------------------------------------------------------
     async def create_user(self, name: str, data_key: bytes, rights: list[str]) -> tuple[str, str]:

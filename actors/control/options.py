@@ -37,6 +37,8 @@ class EngineOptions:
     train_wait_s: float = 600.0
     train_threads: int = 0  # 0 = all cores of the node
     max_indexes: int = 100_000
+    # Seconds between checks for a node that joined (partitions then move onto it); 0 = never.
+    rebalance_check_s: float = 30.0
     # Start the shard pool's actors when the control plane finds indexes in its store (a
     # service restarting), not only when a request needs them.
     start_pool: bool = False

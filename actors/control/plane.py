@@ -1,5 +1,6 @@
 """The control-plane actor: index catalog, index creation/deletion, partition placement on the
-shard pool (actors.pool.placement), training.
+shard pool (actors.pool.placement) and moves between its actors (actors.control.rebalance),
+training.
 
 Gateways consult it only when their cached view of an index is missing or stale; queries never
 pass through it. Training runs in a background thread of this (threaded) actor.
@@ -27,6 +28,7 @@ from actors.control import rotation, trainer
 from actors.control.catalog import Catalog
 from actors.control.options import EngineOptions, IndexView, default_shards
 from actors.control.plane_metrics import PlaneMetrics
+from actors.control.rebalance import Rebalancing, watch_joins
 from actors.control.training import TrainParams
 from actors.engine.ivf import centroids_of, deserialize
 from actors.errors import (
@@ -49,7 +51,7 @@ NAMESPACE = "vaultvec"
 CONTROL_NAME = "vaultvec-control"
 
 
-class ControlPlane(PlaneMetrics):
+class ControlPlane(PlaneMetrics, Rebalancing):
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
         self.store: Store = open_store(options.store_url)
@@ -70,6 +72,10 @@ class ControlPlane(PlaneMetrics):
         self._training: dict[str, Future[IndexConfig]] = {}
         self._catalog = Catalog()
         self._load: Counter[str] = Counter()  # partitions per pool actor
+        self._moving: set[str] = set()
+        self._settled = threading.Condition(self._lock)
+        self._draining: frozenset[str] = frozenset()
+        self._rebalancing = threading.Lock()
         for key in self.store.list("indexes/"):
             if key.endswith("/meta"):
                 raw = self.store.get(key)
@@ -85,12 +91,16 @@ class ControlPlane(PlaneMetrics):
         )
         if options.start_pool and self._catalog:  # a restart: the pool starts meanwhile
             threading.Thread(target=self._start_pool, name="pool-start", daemon=True).start()
+        if options.rebalance_check_s > 0:
+            watch_joins(self, options.rebalance_check_s)
 
     def _start_pool(self) -> None:
         """Start the shard pool's actors before the first request needs them (it would wait
-        for their processes otherwise); a failure is left for that request to meet."""
+        for their processes otherwise), and undo a partition move this actor's restart cut
+        short; a failure is left for the first request to meet."""
         with contextlib.suppress(Exception):
             self.pool.members()
+            self.recover_moves()
 
     # -- catalog ----------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
@@ -118,7 +128,7 @@ class ControlPlane(PlaneMetrics):
         trained template of ``cfg.version`` (an index restored from a backup)."""
         if cfg.n_shards == 0:
             cfg = cfg.evolve(n_shards=default_shards())
-        members = self.pool.members()  # Unavailable if the pool cannot start
+        members = self.placeable()  # Unavailable if the pool cannot start
         with self._lock:
             if meta.name in self._catalog:
                 raise IndexExists(f"index {meta.name!r} already exists")
@@ -192,6 +202,7 @@ class ControlPlane(PlaneMetrics):
         return meta
 
     def view(self, name: str, key: bytes) -> IndexView:
+        self._await_move(name)  # a gateway refused by a partition's former host lands here
         meta = self.lookup(name)
         cfg = self.config(name, key)
         centroids = None
@@ -234,7 +245,7 @@ class ControlPlane(PlaneMetrics):
         """The pool actor of each partition. An index stored without a placement (by an older
         vaultvec, which gave each index its own actors) is placed now, once."""
         if len(meta.placement) != cfg.n_shards:
-            members = self.pool.members()
+            members = self.placeable()
             with self._lock:
                 meta = self._catalog.get(meta.name, meta)
                 if len(meta.placement) != cfg.n_shards:
@@ -267,7 +278,7 @@ class ControlPlane(PlaneMetrics):
         """Start (or join) training; with ``wait``, block until it ends or train_wait_s passes."""
         with self._lock:
             self.lookup(name)
-            if name in self._rotating:
+            if name in self._rotating or name in self._moving:
                 raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
             future = self._training.get(name)
             if future is None:
@@ -293,7 +304,7 @@ class ControlPlane(PlaneMetrics):
         due = (not cfg.is_trained and total >= o.auto_train_threshold) or (
             cfg.is_trained and total >= o.retrain_factor * max(cfg.trained_size, 1)
         )
-        if due and name not in self._training and name not in self._rotating:
+        if due and not ({name} & (self._training.keys() | self._rotating | self._moving)):
             self.train(name, key, TrainParams(), wait=False)
             return True
         return False
@@ -354,7 +365,7 @@ class ControlPlane(PlaneMetrics):
         if len(meta.placement) != cfg.n_shards:  # stored before placement existed: place it
             self._partitions(meta, cfg)
         with self._lock:
-            if name in self._training or name in self._rotating:
+            if name in self._training or name in self._rotating or name in self._moving:
                 raise rotation.Busy(f"index {name!r} {rotation.BUSY}")
             self._rotating.add(name)
         settled = True

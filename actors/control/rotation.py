@@ -59,11 +59,12 @@ log = logging.getLogger("vaultvec.rotation")
 
 
 # The Python client tells this 409 from a taken name by these words (cluster.client.errors).
-BUSY = "is training or rotating its key; retry when it is done"
+BUSY = "is training or rotating its key, or moving a partition; retry when it is done"
 
 
 class Busy(VaultvecError):
-    """The index is training or rotating its key: the request conflicts with that; retry."""
+    """The index is training, rotating its key or moving a partition: the request conflicts with
+    that; retry."""
 
     status_code = 409
     default_detail = f"the index {BUSY}"

@@ -32,21 +32,19 @@ from actors.engine.selection import Selections
 from actors.engine.shard_backup import ShardBackup
 from actors.engine.shard_keys import KeyRotated, ShardKeys
 from actors.engine.shard_log import ShardLog
+from actors.engine.shard_moves import ShardMoves
 from actors.engine.shard_reads import ShardReads
 from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
 from actors.process.quiet import WhenQuiet
 from actors.storage import Store, StoreError, codec, open_store, persistence
-from actors.types import (
-    ShardStats,
-    UpsertBatch,
-)
+from actors.types import ShardStats, UpsertBatch
 
 log = logging.getLogger("vaultvec.shard")
 
 
-class Shard(ShardReads, ShardBackup):
+class Shard(ShardReads, ShardBackup, ShardMoves):
     """One partition (index, shard number); a pool actor (actors.pool) hosts many."""
 
     def __init__(

@@ -30,7 +30,7 @@ from actors import metrics as m
 from actors.engine.filters import FilterNode
 from actors.engine.shard import Shard
 from actors.engine.updates import Update
-from actors.errors import IndexRetired
+from actors.errors import IndexRetired, PartitionMoved
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
 from actors.pool.pool_metrics import PoolMetrics, rss_bytes
@@ -91,6 +91,7 @@ class ShardPool:
         self._lock = threading.Lock()
         self._hosted: dict[tuple[str, int], Shard] = {}
         self._retired: set[str] = set()
+        self._moved: set[tuple[str, int]] = set()  # partitions released to another actor
         self._channel: channel.ChannelServer | None = None
         self._no_channel = False  # none can be made here
         self._evictions = 0
@@ -105,17 +106,23 @@ class ShardPool:
         ).start()
 
     # -- hosting ----------------------------------------------------------------------------
-    def _shard(self, partition: Partition | str) -> Shard:
+    def _shard(self, partition: Partition | str, placed: bool = True) -> Shard:
+        """The hosted partition, made (unloaded) at its first call if the catalog places it
+        here (``placed``; a partition moving here is made before the catalog says so)."""
         p = Partition.of(partition)
         slot = (p.index_id, p.shard_no)
+        if slot in self._moved:
+            raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved to another actor")
         shard = self._hosted.get(slot)
         if shard is not None:
             return shard
         with self._lock:
             shard = self._hosted.get(slot)
             if shard is None:
-                if p.index_id in self._retired or not self._exists(p.index_id):
-                    raise IndexRetired(f"index {p.name!r} (id {p.index_id}) was deleted")
+                if slot in self._moved:  # released meanwhile
+                    raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved")
+                if placed:
+                    self._check_placed(p)
                 shard = Shard(
                     self.store,
                     p.name,
@@ -128,10 +135,60 @@ class ShardPool:
                 self._hosted[slot] = shard
         return shard
 
-    def _exists(self, index_id: str) -> bool:
-        """Whether the index is in the catalog: a partition of a deleted index (a stale gateway,
-        a restarted actor) is refused rather than created empty."""
-        return self.store.get(persistence.meta_key(index_id)) is not None
+    def _check_placed(self, p: Partition) -> None:
+        """Refuse a partition the catalog does not place here: one of a deleted index (a stale
+        gateway, a restarted actor) rather than create it empty, and one that moved to another
+        actor (this one restarted since) rather than load it beside its new host."""
+        if p.index_id in self._retired:
+            raise IndexRetired(f"index {p.name!r} (id {p.index_id}) was deleted")
+        raw = self.store.get(persistence.meta_key(p.index_id))
+        if raw is None:
+            raise IndexRetired(f"index {p.name!r} (id {p.index_id}) was deleted")
+        here = persistence.read_meta(raw).placement[p.shard_no : p.shard_no + 1]
+        if self.options.name and here and here[0] != self.options.name:
+            raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is placed elsewhere")
+
+    def release(self, p: Partition) -> None:
+        """Give a partition up to another actor (actors.control.rebalance): every later call
+        for it is refused, the calls running on it end first, then its data is dropped."""
+        slot = (p.index_id, p.shard_no)
+        with self._lock:
+            self._moved.add(slot)
+            shard = self._hosted.get(slot)
+        if shard is not None:
+            shard.retire()  # takes its locks: waits for the calls and snapshot under way
+            with self._lock:
+                if self._hosted.get(slot) is shard:
+                    del self._hosted[slot]
+            heap.trim()
+
+    def accept(self, partitions: list[Partition]) -> None:
+        """Host partitions again that were released from here before (actors.control.
+        rebalance); each loads from the store at its first call (or :meth:`warm`)."""
+        with self._lock:
+            self._moved.difference_update((p.index_id, p.shard_no) for p in partitions)
+
+    def hand_over(self, p: Partition, target: Any) -> bool:
+        """Have pool actor ``target`` load partition ``p`` while this actor still serves it,
+        with the data key p is loaded under here (which never leaves the pool's actors); False
+        if p is not loaded here (``target`` loads it at its first call)."""
+        shard = self._hosted.get((p.index_id, p.shard_no))
+        key = None if shard is None or not shard.loaded else shard.keys.key
+        if key is None:
+            return False
+        ray.get(target.warm.remote(p, key))
+        return True
+
+    def warm(self, p: Partition, key: bytes) -> None:
+        """Load a partition moving here (:meth:`hand_over`)."""
+        with self._call("warm", p.shard_no):
+            self._shard(p, placed=False).warm(key)
+
+    def catch_up(self, p: Partition) -> bool:
+        """Apply what the partition's former host wrote since :meth:`warm` (it released the
+        partition: nothing more comes)."""
+        shard = self._hosted.get((p.index_id, p.shard_no))
+        return shard is not None and shard.catch_up()
 
     def retire(self, index_id: str) -> None:
         """Refuse every later call for the index (it is being deleted) and drop its partitions.

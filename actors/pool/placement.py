@@ -206,6 +206,16 @@ class Pool:
             runtime_env={"env_vars": heap.SHARD_ENV},  # glibc reads them at process start
         ).remote(options)
 
+    def surplus(self, members: dict[str, str]) -> set[str]:
+        """The actors of ``members`` (actor -> node) beyond their node's share: those that
+        moved there from a lost node (the later-numbered ones). Partitions move off them
+        (actors.control.rebalance) rather than crowd that node."""
+        sizes = node_sizes(self.size_per_node)
+        by_node: dict[str, list[str]] = {}
+        for actor in sorted(members, key=lambda a: int(a[len(self.prefix) :])):
+            by_node.setdefault(members[actor], []).append(actor)
+        return {a for node, actors in by_node.items() for a in actors[sizes.get(node, 0) :]}
+
     def stop(self) -> None:
         """Kill every pool actor of this store (tests, tear-down)."""
         with self._lock:

@@ -71,6 +71,8 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
             "auto_train_threshold": 1_000_000,
             "shard_retries": 5,
             "shard_timeout_s": 60.0,
+            # Partitions move only when a test asks (test_rebalance), not under other scenarios.
+            "rebalance_check_s": 0,
         }
         serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
         rc.url = f"http://127.0.0.1:{port}"

@@ -87,9 +87,11 @@ def index_id_of(name: str) -> str:
     return str(ray.get(control.lookup.remote(name)).index_id)
 
 
-def create(http: httpx.Client, *, n_shards: int | None = None, seed_items: int = 0) -> Index:
+def create(
+    http: httpx.Client, *, n_shards: int | None = None, seed_items: int = 0, prefix: str = "cl"
+) -> Index:
     """An index of DIM-dimensional items ``s0..s{n-1}`` (vectors from ``vector_of``)."""
-    idx = Index(http, unique_name("cl"), generate_key())
+    idx = Index(http, unique_name(prefix), generate_key())
     body: dict[str, Any] = idx.body(index_config={"type": "ivfflat", "dimension": DIM})
     if n_shards is not None:
         body["n_shards"] = n_shards
