@@ -92,7 +92,7 @@ CPU_ROLES = (
 CPU_COLUMNS = ("this process", "gateway", "shards", "Serve proxy", "Ray daemons", "other")
 
 
-def _proc_cpu() -> dict[int, tuple[str, float]]:
+def proc_cpu() -> dict[int, tuple[str, float]]:
     """pid -> (command line, CPU seconds so far) of every process visible in /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[str, float]] = {}
@@ -132,7 +132,7 @@ def shard_resident_bytes() -> int | None:
 
     sizes = [
         resident_anon_bytes(pid)
-        for pid, (cmd, _) in _proc_cpu().items()
+        for pid, (cmd, _) in proc_cpu().items()
         if cpu_role(pid, cmd) == "shards"
     ]
     known = [size for size in sizes if size is not None]
@@ -241,9 +241,9 @@ class CpuMeter:
         if not self.available:
             yield
             return
-        before = _proc_cpu()
+        before = proc_cpu()
         yield
-        after = _proc_cpu()
+        after = proc_cpu()
         roles = dict.fromkeys(CPU_COLUMNS, 0.0)
         for pid, (cmd, t) in after.items():
             roles[cpu_role(pid, cmd)] += t - before.get(pid, (cmd, 0.0))[1]
