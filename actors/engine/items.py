@@ -8,6 +8,7 @@ range of labels (actors.engine.compaction decides when).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from actors.engine.idorder import IdOrder
 from actors.engine.selection import GENERATIONS
 from actors.engine.strings import StringBlock, StringColumn
 from actors.storage.codec import pack_strings, unpack_strings
+
+COLUMN_BUILD_ROWS = 65_536  # items parsed at a time when the filter columns are first built
 
 
 def _grow(arr: np.ndarray, size: int) -> np.ndarray:
@@ -46,7 +49,10 @@ class ItemTable:
         self.contents = np.empty(0, dtype=object)  # str or None
         self.norms = np.empty(0, dtype=np.float32)  # original norms (cosine indexes)
         self.alive = np.empty(0, dtype=bool)
-        self.columns = MetadataColumns()
+        # The filter columns: built from the metadata on first use (a filter), then kept up
+        # to date; a loaded partition that is only searched without filters never builds them.
+        self._columns: MetadataColumns | None = None
+        self._columns_lock = threading.Lock()  # readers share the shard's lock; one builds
         self.text = TextIndex()  # full-text postings, per field on first use
         self.id_order: IdOrder | None = None  # live labels by id, for cursors (on first use)
         self.generation = next(GENERATIONS)  # a new one at every change (actors.engine.selection)
@@ -145,10 +151,30 @@ class ItemTable:
             self.norms[labels] = norms
         self.alive[labels] = True
         self.id_map.add(ids, labels)
-        parsed = [None if m is None else orjson.loads(m) for m in metadata]
-        self.columns.append(labels, parsed)
-        self.text.add(labels.tolist(), parsed)
+        if self._columns is not None or self.text.fields:
+            parsed = [None if m is None else orjson.loads(m) for m in metadata]
+            if self._columns is not None:
+                self._columns.append(labels, parsed)
+            self.text.add(labels.tolist(), parsed)
         return labels, replaced
+
+    @property
+    def columns(self) -> MetadataColumns:
+        """The filter columns of the live items (built now, from their metadata, if this is
+        their first use)."""
+        built = self._columns
+        if built is None:
+            with self._columns_lock:
+                built = self._columns
+                if built is None:
+                    built = MetadataColumns()
+                    live = np.flatnonzero(self.alive[: self.next_label])
+                    for start in range(0, len(live), COLUMN_BUILD_ROWS):
+                        rows = live[start : start + COLUMN_BUILD_ROWS]
+                        blobs = self.metadata[rows].tolist()
+                        built.append(rows, [None if m is None else orjson.loads(m) for m in blobs])
+                    self._columns = built
+        return built
 
     def _reserve(self, size: int) -> None:
         """Room for labels below ``size`` in every per-label array."""
@@ -202,7 +228,7 @@ class ItemTable:
         out.contents = self.contents[live]
         out.norms = self.norms[live]
         out.alive = np.ones(n, dtype=bool)
-        out.columns = self.columns.relabelled(new_of)
+        out._columns = None if self._columns is None else self._columns.relabelled(new_of)
         out.text = self.text.relabelled(new_of)
         return out, new_of
 
@@ -214,7 +240,7 @@ class ItemTable:
             sum(a.nbytes for a in arrays)
             + self.ids.nbytes()
             + self.id_map.nbytes()
-            + self.columns.nbytes()
+            + (0 if self._columns is None else self._columns.nbytes())
             + self.text.nbytes()
         )
 

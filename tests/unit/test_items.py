@@ -49,3 +49,51 @@ def test_relabelled_leaves_the_source_as_it_was_and_the_copy_takes_writes() -> N
     assert labels.tolist() == [8, 9] and replaced.tolist() == [1]
     assert copy.ids_of(copy.matching(parse_filter({"k": {"$lt": 6}}))) == ["i0", "i5"]
     assert table.ids_of(table.matching(parse_filter({"k": {"$lt": 6}}))) == ["i0", "i3", "i5"]
+
+
+def test_filter_columns_are_built_on_first_use_and_then_kept_up_to_date() -> None:
+    """A loaded table parses no metadata until a filter needs the columns (a partition only
+    searched without filters never builds them); from then on every write keeps them current,
+    and they answer as an oracle over the live items' metadata does."""
+    from actors.engine import items as items_module
+    from tests.unit.filter_oracle import matches
+
+    rng = np.random.default_rng(5)
+    docs = {f"i{k}": {"k": int(k), "tag": ["a", "b", "c"][k % 3]} for k in range(3000)}
+    table = ItemTable()
+    ids = list(docs)
+    table.insert(ids, [orjson.dumps(docs[i]) for i in ids], [None] * len(ids), None)
+    table.remove([f"i{k}" for k in rng.choice(3000, 300, replace=False)])
+    for k in rng.choice(3000, 200, replace=False):  # replaced: their old rows must not match
+        docs[f"i{k}"] = {"k": -int(k), "tag": "z"}
+        table.insert([f"i{k}"], [orjson.dumps(docs[f"i{k}"])], [None], None)
+    loaded = ItemTable.from_arrays(table.to_arrays(), table.next_label)
+    assert loaded._columns is None and loaded.nbytes() < table.nbytes()  # nothing parsed yet
+    live = set(loaded.ids_of(np.flatnonzero(loaded.alive[: loaded.next_label])))
+
+    def check(flt: dict) -> None:
+        want = sorted(i for i in live if matches(docs[i], flt))
+        assert sorted(loaded.ids_of(loaded.matching(parse_filter(flt)))) == want, flt
+
+    items_module.COLUMN_BUILD_ROWS = 1000  # built in several pieces
+    try:
+        check({"tag": "a", "k": {"$gte": 1500}})
+    finally:
+        items_module.COLUMN_BUILD_ROWS = 65_536
+    assert loaded._columns is not None
+    # Writes after the build: new items, replacements, deletions.
+    for k in range(3000, 3100):
+        docs[f"i{k}"] = {"k": k, "tag": "a"}
+    new = [f"i{k}" for k in range(3000, 3100)]
+    loaded.insert(new, [orjson.dumps(docs[i]) for i in new], [None] * 100, None)
+    docs["i1"] = {"k": 99999, "tag": "a"}
+    loaded.insert(["i1"], [orjson.dumps(docs["i1"])], [None], None)
+    loaded.remove(["i3000"])
+    live = (live | set(new) | {"i1"}) - {"i3000"}
+    for flt in ({"tag": "a", "k": {"$gte": 1500}}, {"tag": {"$in": ["z", "b"]}}, {"k": {"$lt": 0}}):
+        check(flt)
+    copy, _ = loaded.relabelled()
+    assert copy._columns is not None
+    assert sorted(copy.ids_of(copy.matching(parse_filter({"tag": "z"})))) == sorted(
+        i for i in live if docs[i]["tag"] == "z"
+    )
