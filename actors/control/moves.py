@@ -1,11 +1,13 @@
-"""Where partitions should move: off draining nodes, then from the busiest pool actors to the
-idlest, until every actor holds within one partition of every other.
+"""Where partitions should move: off draining nodes and surplus actors, then from the busiest pool
+actors to the idlest, until every actor holds within one partition of every other or the rules
+below allow no further move.
 
 Pure planning over catalog placements (index name -> the pool actor of each shard number) and
 the pool's membership (actor -> node); actors.control.rebalance carries the moves out. The
 rules :func:`actors.pool.placement.place` follows at creation hold after every move: an index's
-partitions stay on distinct actors, and no move crowds more of one index's partitions onto a
-node than the node it leaves held.
+partitions stay on distinct actors, and no balancing move crowds more of one index's partitions
+onto a node than the node it leaves held (a partition leaving a draining node goes to the node
+holding fewest of its index's partitions, which may already hold some).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def plan(
             move(name, s, min(free, key=lambda t: (key[nodes[t]], load[t], rendezvous(name, t))))
 
     # From the busiest actor to the idlest that can take some of its partitions, as many as
-    # bring neither past the mean (so no actor both gives and takes); of the partitions that
+    # bring neither past the mean (at least one); of the partitions that
     # may go, those of indexes most crowded on the busy actor's node first (then by name). Each
     # pass moves some or sets an actor aside until something moves again.
     total = sum(load[a] for a in targets)

@@ -73,6 +73,7 @@ class ControlPlane(PlaneMetrics, Rebalancing):
         self._catalog = Catalog()
         self._load: Counter[str] = Counter()  # partitions per pool actor
         self._moving: set[str] = set()
+        self._switching: set[str] = set()
         self._settled = threading.Condition(self._lock)
         self._draining: frozenset[str] = frozenset()
         self._rebalancing = threading.Lock()
@@ -159,6 +160,7 @@ class ControlPlane(PlaneMetrics, Rebalancing):
         gets IndexRetired (and looks the index up again) rather than answers from a deleted
         index.
         """
+        self._await_move(name, whole=True)  # (a partition half moved would keep its new host)
         meta = self.lookup(name)
         self.config(name, key)  # the key is checked by the caller; this loads the config
         with self._lock:

@@ -5,26 +5,31 @@ A partition's whole state is in the store: every acknowledged write is in its wr
 before it is acknowledged. A move of partition P from pool actor A to B therefore copies
 nothing; it changes who may load P:
 
-1. B is told to accept P (it may have refused P since P last moved away from it).
+1. B is told P is coming: it refuses calls for P until step 5 (a gateway may still hold a view
+   naming B from an earlier time B held P).
 2. If A has P loaded, A hands it over: B loads P from the store, with the data key A holds,
    while A goes on serving P (reads and writes).
-3. A releases P: from that moment it refuses every call for P (:class:`PartitionMoved`), waits
+3. The catalog entry names B for P, in the store, then in the control plane.
+4. A releases P: from that moment it refuses every call for P (:class:`PartitionMoved`), waits
    for the calls already running on P (a write, a snapshot) and drops P's decrypted data.
-4. B catches up: it applies the writes A logged since B loaded P.
-5. The catalog entry names B for P, in the store, then in the control plane.
+5. B is admitted: it applies the writes A logged since B loaded P (or loads again, should A
+   have rolled its log into a newer snapshot meanwhile), then serves P.
 
-A gateway that calls A for P in between is refused, looks the index up again (this waits for
-the move to end) and calls B, which holds P with every write A acknowledged: the refusal lasts
-as long as steps 3 to 5, not a load of P (a P that A had not loaded, B loads at its first call,
-as A would have). Nothing a client was told succeeded is lost and no answer comes from a
-partition missing writes; a call refused during the move is retried by the gateway.
+Only A writes P's log until step 4, only B after it. A gateway refused by A (or by B before
+step 5) looks the index up again; the view it asks for waits while steps 3 to 5 run (they take
+no load of P: B loaded it before) and names B, and the gateway retries there within its retry
+budget. Nothing acknowledged is lost and no answer comes from a state missing a write. A
+partition that A had not loaded moves as it is: B loads it at its first call, as A would have.
+If step 1 or 2 fails, the move goes on cold; if step 3 fails, B lets its copy go and the
+partition stays with A.
 
 Restarts: a pool actor loading a partition checks that the stored catalog entry names it
-(actors.pool.actor), so A restarted after step 5 never takes P back; a control plane restarted
-in the middle of a move has every pool actor accept what the catalog places on it
-(:meth:`Rebalancing.recover_moves`), so a move cut short before step 5 leaves P with A.
-Indexes that are training, rotating their key or being restored are left where they are
-(reported as skipped): those operations hold their partitions' handles.
+(actors.pool.actor), so A restarted after step 3 never takes P back, and B restarted after it
+loads P whole. A control plane restarted in the middle of a move has every pool actor settle
+against the catalog (:meth:`Rebalancing.recover_moves`): the actor it names serves P (caught
+up), any other lets P go. Indexes that are training, rotating their key or being restored are
+left where they are (reported as skipped); training and key rotation refuse to start, and a
+deletion waits, while an index's partition moves.
 
 When a node with CPUs joins the cluster, the control plane rebalances by itself
 (:func:`watch_joins`, every ``VAULTVEC_REBALANCE_CHECK_S``).
@@ -43,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from actors.control import moves
 from actors.control.catalog import Catalog
@@ -53,8 +58,9 @@ from actors.types import IndexMeta, Partition
 
 log = logging.getLogger("vaultvec.rebalance")
 
-RELEASE_TIMEOUT_S = 300.0  # the calls running on a partition being released (a large write)
-SETTLE_TIMEOUT_S = 60.0  # a view asked for while its index moves waits this long at most
+# A call of a move that loads a partition (or waits for one), and the longest a view asked for
+# while its index switches hosts waits.
+MOVE_CALL_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Rebalancing:
     _rotating: set[str]
     _load: Counter[str]
     _moving: set[str]  # names of indexes a partition of which is moving
+    _switching: set[str]  # those of them between steps 3 and 5
     _settled: threading.Condition  # on _lock: notified when a move ends
     _draining: frozenset[str]  # node ids new partitions avoid
     _rebalancing: threading.Lock  # one rebalance at a time
@@ -121,6 +128,7 @@ class Rebalancing:
             )
         with self._lock:
             placements = {n: m.placement for n, m in self._catalog.items() if m.placement}
+            ids = {n: m.index_id for n, m in self._catalog.items()}
             if not dry_run:
                 self._draining = frozenset(drain)
         planned = moves.plan(placements, members, drain, self.pool.surplus(members))
@@ -132,7 +140,7 @@ class Rebalancing:
                 report.moved.append(moved(mv, members, 0.0))
                 continue
             started = time.monotonic()
-            why = self._move(mv)
+            why = self._move(mv, ids[mv.index])
             if why is None:
                 report.moved.append(moved(mv, members, time.monotonic() - started))
                 log.info("moved %s shard %d to %s", mv.index, mv.shard_no, mv.target)
@@ -140,21 +148,19 @@ class Rebalancing:
                 report.skipped.append((mv.index, mv.shard_no, why))
         if dry_run:
             for mv in planned.moves:
-                placement = list(placements[mv.index])
-                placement[mv.shard_no] = mv.target
-                placements[mv.index] = tuple(placement)
+                placements[mv.index] = placed(placements[mv.index], mv)
         else:
             with self._lock:
                 placements = {n: m.placement for n, m in self._catalog.items() if m.placement}
         report.after = per_node(placements, members)
         return report
 
-    def _move(self, mv: moves.Move) -> str | None:
+    def _move(self, mv: moves.Move, index_id: str) -> str | None:
         """Carry out one move; None once done, else why it was not made."""
         with self._lock:
             meta = self._catalog.get(mv.index)
-            if meta is None:
-                return "deleted"
+            if meta is None or meta.index_id != index_id:
+                return "deleted or re-created meanwhile"
             if meta.placement[mv.shard_no] != mv.source:
                 return "moved meanwhile"
             if mv.index in self._training:
@@ -165,40 +171,33 @@ class Rebalancing:
                 return "being restored from a backup"
             self._moving.add(mv.index)
         part = Partition(meta.name, meta.index_id, mv.shard_no)
-        source = self.pool.handle(mv.source)
+        source, target = self.pool.handle(mv.source), self.pool.handle(mv.target)
         try:
-            target = self.pool.handle(mv.target)
-            ray.get(target.accept.remote([part]))
-            try:
-                ray.get(source.hand_over.remote(part, target), timeout=RELEASE_TIMEOUT_S)
-            except (GetTimeoutError, RayActorError) as exc:  # B loads P at its first call
-                log.warning("%s shard %d moves cold: %s", mv.index, mv.shard_no, type(exc).__name__)
-            try:
-                ray.get(source.release.remote(part), timeout=RELEASE_TIMEOUT_S)
-            except RayActorError:
-                pass  # A died: restarted, it refuses P once the catalog names B
-            except GetTimeoutError:
-                ray.get(source.accept.remote([part]))  # A keeps P: it loads P afresh
-                ray.get(target.release.remote(part))  # and B drops what it loaded
-                return f"calls on the partition ran past {RELEASE_TIMEOUT_S:.0f}s"
-            ray.get(target.catch_up.remote(part))
-
-            def to_target(current: IndexMeta) -> IndexMeta:
-                placement = list(current.placement)
-                placement[mv.shard_no] = mv.target
-                return replace(current, placement=tuple(placement))
-
-            try:
-                self.update_meta(meta, to_target)
-            except VaultvecError:
-                return "deleted"  # (while it moved: its partitions were retired)
+            try:  # steps 1 and 2
+                ray.get(target.prepare.remote(part), timeout=MOVE_CALL_TIMEOUT_S)
+                ray.get(source.hand_over.remote(part, target), timeout=MOVE_CALL_TIMEOUT_S)
+            except Exception as exc:  # B loads what it lacks when it is admitted, or later
+                log.warning("%s shard %d moves cold: %r", mv.index, mv.shard_no, exc)
+            with self._lock:
+                self._switching.add(mv.index)
+            try:  # step 3
+                self.update_meta(meta, lambda m: replace(m, placement=placed(m, mv)))
+            except Exception as exc:
+                with contextlib.suppress(Exception):  # B drops its copy and refuses P again
+                    ray.get(target.release.remote(part), timeout=MOVE_CALL_TIMEOUT_S)
+                return "deleted meanwhile" if isinstance(exc, VaultvecError) else repr(exc)
             with self._lock:
                 self._load[mv.source] -= 1
                 self._load[mv.target] += 1
+            with contextlib.suppress(RayActorError):  # step 4 (A, restarted, refuses P)
+                ray.get(source.release.remote(part))  # waits for the calls running on P
+            with contextlib.suppress(RayActorError):  # step 5 (B, restarted, loads P)
+                ray.get(target.admit.remote(part))
             return None
         finally:
             with self._lock:
                 self._moving.discard(mv.index)
+                self._switching.discard(mv.index)
                 self._settled.notify_all()
 
     def rebalance_if_joined(self, seen: set[str] | None) -> set[str]:
@@ -219,25 +218,38 @@ class Rebalancing:
         return now
 
     def recover_moves(self) -> None:
-        """After this actor restarted: every pool actor accepts the partitions the catalog
-        places on it, so that a move cut short between its release and the catalog's change
-        leaves no partition refused by the actor that still holds it."""
+        """After this actor restarted: every pool actor settles the partitions of the indexes
+        in the catalog by it (what the catalog places on it is served, caught up with the log
+        if it was loaded during a move; anything else is let go), so that a move this restart
+        cut short leaves each partition served by the one actor the catalog names."""
         with self._rebalancing:
             with self._lock:
-                placed: dict[str, list[Partition]] = {}
+                known = [m.index_id for m in self._catalog.values()]
+                placed: dict[str, list[Partition]] = {a: [] for a in self.pool.members()}
                 for meta in self._catalog.values():
                     for s, actor in enumerate(meta.placement):
                         placed.setdefault(actor, []).append(Partition(meta.name, meta.index_id, s))
-            refs = [self.pool.handle(a).accept.remote(parts) for a, parts in placed.items()]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RELEASE_TIMEOUT_S)
-            for ref in ready:
-                with contextlib.suppress(RayActorError):  # restarted meanwhile: refuses nothing
-                    ray.get(ref)
+            for admit in (False, True):  # no actor serves P before every other let it go
+                handles = [(self.pool.handle(a), parts) for a, parts in placed.items()]
+                refs = [h.settle.remote(parts, known, admit) for h, parts in handles]
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=MOVE_CALL_TIMEOUT_S)
+                for ref in ready:
+                    with contextlib.suppress(RayActorError):  # restarted: holds nothing
+                        ray.get(ref)
 
-    def _await_move(self, name: str) -> None:
-        """Return once no partition of index ``name`` is moving (bounded)."""
+    def _await_move(self, name: str, whole: bool = False) -> None:
+        """Return once no partition of index ``name`` is switching hosts (steps 3 to 5), or
+        with ``whole``, moving at all (bounded)."""
+        busy = self._moving if whole else self._switching
         with self._settled:
-            self._settled.wait_for(lambda: name not in self._moving, SETTLE_TIMEOUT_S)
+            self._settled.wait_for(lambda: name not in busy, MOVE_CALL_TIMEOUT_S)
+
+
+def placed(placement: IndexMeta | tuple[str, ...], mv: moves.Move) -> tuple[str, ...]:
+    """``placement`` (or an entry's) with ``mv``'s partition on its target."""
+    out = list(placement.placement if isinstance(placement, IndexMeta) else placement)
+    out[mv.shard_no] = mv.target
+    return tuple(out)
 
 
 def moved(mv: moves.Move, members: dict[str, str], seconds: float) -> Moved:

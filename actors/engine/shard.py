@@ -322,7 +322,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         if roll:
             try:
                 self.snapshot(key)
-            except StoreError as exc:  # the write is in the WAL: durable, and acknowledged
+            except (StoreError, IndexRetired) as exc:  # the write is durable: acknowledged
                 log.warning(
                     "snapshot of %s shard %d failed (%s); tried again at the next roll",
                     self.name,

@@ -30,15 +30,15 @@ class ShardMoves:
         with self._lock.write():
             self._ensure_loaded(key)
 
-    def catch_up(self) -> bool:
-        """Apply the writes logged since the load (its former host wrote them); False if the
+    def catch_up(self) -> None:
+        """Apply the writes logged since the load (its former host wrote them); nothing if the
         partition is not loaded (it reads everything when it loads). Once that host rolled its
         log into a snapshot newer than this state knows, the log this state would continue may
         be gone: the partition loads again, from that snapshot."""
         with self._lock.write():
             key = self.keys.key
             if not self._loaded or key is None:
-                return False
+                return
             ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
             snapshots = persistence.generations(self.store, ix, no, "snap", epoch)
             if snapshots and snapshots[-1] > self.log.gen:
@@ -46,4 +46,3 @@ class ShardMoves:
                 self._ensure_loaded(key)
             else:
                 self.log.replay(key, self._replayed)
-            return True

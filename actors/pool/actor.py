@@ -92,6 +92,7 @@ class ShardPool:
         self._hosted: dict[tuple[str, int], Shard] = {}
         self._retired: set[str] = set()
         self._moved: set[tuple[str, int]] = set()  # partitions released to another actor
+        self._incoming: set[tuple[str, int]] = set()  # partitions moving here, not yet admitted
         self._channel: channel.ChannelServer | None = None
         self._no_channel = False  # none can be made here
         self._evictions = 0
@@ -111,17 +112,17 @@ class ShardPool:
         here (``placed``; a partition moving here is made before the catalog says so)."""
         p = Partition.of(partition)
         slot = (p.index_id, p.shard_no)
-        if slot in self._moved:
-            raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved to another actor")
+        if placed and (slot in self._moved or slot in self._incoming):
+            raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is moving")
         shard = self._hosted.get(slot)
         if shard is not None:
             return shard
         with self._lock:
             shard = self._hosted.get(slot)
             if shard is None:
-                if slot in self._moved:  # released meanwhile
-                    raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved")
                 if placed:
+                    if slot in self._moved:  # released meanwhile
+                        raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved")
                     self._check_placed(p)
                 shard = Shard(
                     self.store,
@@ -148,30 +149,18 @@ class ShardPool:
         if self.options.name and here and here[0] != self.options.name:
             raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is placed elsewhere")
 
-    def release(self, p: Partition) -> None:
-        """Give a partition up to another actor (actors.control.rebalance): every later call
-        for it is refused, the calls running on it end first, then its data is dropped."""
+    # -- moves between pool actors (actors.control.rebalance) --------------------------------
+    def prepare(self, p: Partition) -> None:
+        """A move of ``p`` here begins: calls for it are refused until :meth:`admit`."""
         slot = (p.index_id, p.shard_no)
         with self._lock:
-            self._moved.add(slot)
-            shard = self._hosted.get(slot)
-        if shard is not None:
-            shard.retire()  # takes its locks: waits for the calls and snapshot under way
-            with self._lock:
-                if self._hosted.get(slot) is shard:
-                    del self._hosted[slot]
-            heap.trim()
-
-    def accept(self, partitions: list[Partition]) -> None:
-        """Host partitions again that were released from here before (actors.control.
-        rebalance); each loads from the store at its first call (or :meth:`warm`)."""
-        with self._lock:
-            self._moved.difference_update((p.index_id, p.shard_no) for p in partitions)
+            self._moved.discard(slot)
+            self._incoming.add(slot)
 
     def hand_over(self, p: Partition, target: Any) -> bool:
-        """Have pool actor ``target`` load partition ``p`` while this actor still serves it,
-        with the data key p is loaded under here (which never leaves the pool's actors); False
-        if p is not loaded here (``target`` loads it at its first call)."""
+        """Have pool actor ``target`` load ``p`` while this actor still serves it, with the
+        data key p is loaded under here (which never leaves the pool's actors); False if p is
+        not loaded here (``target`` loads it when it first needs it)."""
         shard = self._hosted.get((p.index_id, p.shard_no))
         key = None if shard is None or not shard.loaded else shard.keys.key
         if key is None:
@@ -184,17 +173,68 @@ class ShardPool:
         with self._call("warm", p.shard_no):
             self._shard(p, placed=False).warm(key)
 
-    def catch_up(self, p: Partition) -> bool:
-        """Apply what the partition's former host wrote since :meth:`warm` (it released the
-        partition: nothing more comes)."""
-        shard = self._hosted.get((p.index_id, p.shard_no))
-        return shard is not None and shard.catch_up()
+    def release(self, p: Partition) -> None:
+        """Give ``p`` up: every later call for it is refused, the calls running on it end
+        first, then its data is dropped."""
+        with self._call("release", p.shard_no):
+            self._release((p.index_id, p.shard_no))
+
+    def _release(self, slot: tuple[str, int]) -> None:
+        with self._lock:
+            self._moved.add(slot)
+            self._incoming.discard(slot)
+            shard = self._hosted.get(slot)
+        if shard is not None:
+            shard.retire()  # takes its locks: waits for the calls and snapshot under way
+            with self._lock:
+                if self._hosted.get(slot) is shard:
+                    del self._hosted[slot]
+            heap.trim()
+
+    def admit(self, p: Partition) -> None:
+        """Serve ``p`` from now on (the catalog names this actor; its former host released
+        it): a copy loaded during the move first applies what was logged since."""
+        with self._call("admit", p.shard_no):
+            self._admit((p.index_id, p.shard_no))
+
+    def _admit(self, slot: tuple[str, int]) -> None:
+        shard = self._hosted.get(slot)
+        try:
+            if shard is not None:
+                shard.catch_up()
+        except Exception:  # its state is unknown: let it go; the next call loads it whole
+            log.exception("catching up shard %d of index %s failed; it loads afresh", *slot[::-1])
+            shard.retire()  # type: ignore[union-attr]
+            with self._lock:
+                if self._hosted.get(slot) is shard:
+                    del self._hosted[slot]
+        finally:
+            with self._lock:
+                self._incoming.discard(slot)
+                self._moved.discard(slot)
+
+    def settle(self, placed: list[Partition], known: list[str], admit: bool) -> None:
+        """Match the catalog after a move was cut short (the control plane restarted), for the
+        indexes ``known``: first (every actor) let go of what is not ``placed`` here, then
+        (``admit``, every actor) serve what is."""
+        here = {(p.index_id, p.shard_no) for p in placed}
+        if admit:
+            for slot in sorted(here):
+                self._admit(slot)
+            return
+        ids = set(known)
+        with self._lock:
+            mine = {s for s in (*self._hosted, *self._incoming) if s[0] in ids}
+        for slot in sorted(mine - here):
+            self._release(slot)
 
     def retire(self, index_id: str) -> None:
         """Refuse every later call for the index (it is being deleted) and drop its partitions.
         Gateways still holding its placement then learn that their view is stale."""
         with self._lock:
             self._retired.add(index_id)
+            self._moved = {slot for slot in self._moved if slot[0] != index_id}
+            self._incoming = {slot for slot in self._incoming if slot[0] != index_id}
             gone = [slot for slot in self._hosted if slot[0] == index_id]
             shards = [self._hosted.pop(slot) for slot in gone]
         for shard in shards:

@@ -207,9 +207,9 @@ class Pool:
         ).remote(options)
 
     def surplus(self, members: dict[str, str]) -> set[str]:
-        """The actors of ``members`` (actor -> node) beyond their node's share: those that
-        moved there from a lost node (the later-numbered ones). Partitions move off them
-        (actors.control.rebalance) rather than crowd that node."""
+        """The actors of ``members`` (actor -> node) beyond their node's share: the
+        highest-numbered ones of a node (those that restarted there from a lost node, mostly).
+        Partitions move off them (actors.control.rebalance) rather than crowd that node."""
         sizes = node_sizes(self.size_per_node)
         by_node: dict[str, list[str]] = {}
         for actor in sorted(members, key=lambda a: int(a[len(self.prefix) :])):

@@ -126,29 +126,57 @@ def host(tmp_path: Path, name: str) -> ShardPool:
     return ShardPool(PoolOptions(store_url=f"file://{tmp_path}", name=name))
 
 
-def test_a_released_partition_is_refused_then_served_by_its_new_host(tmp_path: Path) -> None:
+def test_a_moved_partition_is_served_by_one_host_at_a_time(tmp_path: Path) -> None:
     part = placed(tmp_path, ("A",))
     a, b = host(tmp_path, "A"), host(tmp_path, "B")
     x = clustered(40, 8, seed=5)
     a.upsert(part, KEY, batch(x, 0))
     with pytest.raises(PartitionMoved):  # not placed on B
         b.stats(part, KEY, False)
-    b.accept([part])
-    a.release(part)
+    b.prepare(part)  # 1: B refuses it still (a stale view may name B)
+    b.warm(part, KEY)  # 2: B loads it while A serves
+    with pytest.raises(PartitionMoved):
+        b.stats(part, KEY, False)
+    a.upsert(part, KEY, batch(x[:5] + 50, 40))  # A goes on writing
+    placed(tmp_path, ("B",))  # 3: the catalog names B
+    with pytest.raises(PartitionMoved):  # B waits for its admission
+        b.upsert(part, KEY, batch(x[:1] + 60, 45))
+    a.release(part)  # 4
     with pytest.raises(PartitionMoved):
         a.stats(part, KEY, False)
     assert a.pool_stats().partitions == 0  # its data dropped
-    placed(tmp_path, ("B",))  # the catalog names B
-    assert b.stats(part, KEY, False).count == 40  # every write A acknowledged
+    b.admit(part)  # 5
+    assert b.stats(part, KEY, False).count == 45  # every write A acknowledged
     # A restarted (no memory of the release) still refuses: the catalog names B.
     with pytest.raises(PartitionMoved):
         host(tmp_path, "A").stats(part, KEY, False)
-    # And back: A accepts, B releases, the catalog names A again.
-    a.accept([part])
-    b.upsert(part, KEY, batch(x[:5] + 100, 40))
-    b.release(part)
+    # And back, cold (A holds nothing): the catalog names A again.
+    a.prepare(part)
+    b.upsert(part, KEY, batch(x[:5] + 100, 45))
     placed(tmp_path, ("A",))
-    assert a.stats(part, KEY, False).count == 45
+    b.release(part)
+    a.admit(part)
+    assert a.stats(part, KEY, False).count == 50
+
+
+def test_a_cut_short_move_is_settled_against_the_catalog(tmp_path: Path) -> None:
+    """The control plane restarted between the catalog's change and A's release: A still
+    serves, B holds a stale warm copy and refuses. Settling (every actor lets go, then every
+    actor admits) leaves B serving, with what A wrote meanwhile."""
+    part = placed(tmp_path, ("A",))
+    a, b = host(tmp_path, "A"), host(tmp_path, "B")
+    x = clustered(30, 8, seed=8)
+    a.upsert(part, KEY, batch(x[:20], 0))
+    b.prepare(part)
+    b.warm(part, KEY)
+    placed(tmp_path, ("B",))
+    a.upsert(part, KEY, batch(x[20:], 20))  # a stale gateway's write, acknowledged by A
+    for admit in (False, True):
+        a.settle([], ["ida"], admit)
+        b.settle([part], ["ida"], admit)
+    with pytest.raises(PartitionMoved):
+        a.stats(part, KEY, False)
+    assert b.stats(part, KEY, False).count == 30
 
 
 def test_release_waits_for_a_write_under_way(tmp_path: Path) -> None:
@@ -191,9 +219,9 @@ def test_a_warm_move_catches_up_with_the_writes_made_while_it_loaded(
     b = host(tmp_path, "B")
     x = clustered(90, 8, seed=7)
     a.upsert(part, KEY, batch(x[:30], 0))
-    b.accept([part])
+    b.prepare(part)
     b.warm(part, KEY)  # B loads while A serves
-    assert b._shard(part).loaded
+    assert b._hosted[("ida", 0)].loaded
     # A goes on writing: a few records, or enough to roll its log into a newer snapshot (which
     # drops the log B's state would continue from).
     for k in range(6 if rolled else 2):
@@ -201,10 +229,10 @@ def test_a_warm_move_catches_up_with_the_writes_made_while_it_loaded(
     a.delete(part, KEY, ["id0", "id1"])
     store = open_store(f"file://{tmp_path}")
     snaps = persistence.generations(store, "ida", 0, "snap")
-    assert (bool(snaps) and snaps[-1] > b._shard(part).log.gen) == rolled
-    a.release(part)
-    assert b.catch_up(part)
+    assert (bool(snaps) and snaps[-1] > b._hosted[("ida", 0)].log.gen) == rolled
     placed(tmp_path, ("B",))
+    a.release(part)
+    b.admit(part)
     written = 30 + (60 if rolled else 20)
     want = [f"id{i}" for i in range(2, written)]
     got = b.get(part, KEY, [*want, "id0", "id1"], True, False, False)
