@@ -33,6 +33,7 @@ import numpy as np
 import psutil
 
 from cluster.client import generate_key
+from tests.cluster.support import SMALL_NODES_APP
 from tests.helpers import clustered, free_port, ray_tmpdir
 
 ROLES = ("gateway", "shards", "Serve proxy", "Ray daemons", "other")
@@ -174,12 +175,7 @@ def main() -> int:
                     "storage": f"file://{store}",
                     "api_key": [common.API_KEY],
                     "gateway_replicas": args.nodes,
-                    "gateway_max_replicas_per_node": 1,
-                    "gateway_num_cpus": 0.1,
-                    "shard_num_cpus": 0.05,
-                    "control_num_cpus": 0.05,
-                    "embedder_num_cpus": 0.05,
-                    "embedder_preload": False,
+                    **SMALL_NODES_APP,
                     "auto_train_threshold": 10**9,
                     "recall_sample_share": 0.0,
                 }

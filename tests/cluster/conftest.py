@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cluster.support import API_KEY, REPORT, RayCluster
+from tests.cluster.support import API_KEY, REPORT, SMALL_NODES_APP, RayCluster
 from tests.helpers import free_port, ray_tmpdir
 from tests.pg_server import PostgresServer
 
@@ -62,12 +62,7 @@ def ray_cluster(postgres_server: PostgresServer) -> Iterator[RayCluster]:
             "storage": postgres_server.create_database("vaultvec_cluster"),
             "api_key": [API_KEY],
             "gateway_replicas": 2,
-            "gateway_max_replicas_per_node": 1,
-            "gateway_num_cpus": 0.1,
-            "shard_num_cpus": 0.05,
-            "control_num_cpus": 0.05,
-            "embedder_num_cpus": 0.05,
-            "embedder_preload": False,
+            **SMALL_NODES_APP,
             "auto_train_threshold": 1_000_000,
             "shard_retries": 5,
             "shard_timeout_s": 60.0,

@@ -16,6 +16,35 @@ from tests.integration.support import Index, ok, unique_name
 
 API_KEY = "cluster-api-key"
 REPORT: list[dict[str, Any]] = []  # one row per fault scenario, printed after the run
+# The app's settings on a simulated cluster of 1-CPU nodes (the tests' and
+# benchmarks/cluster_cost.py's): a gateway replica per node, small CPU shares.
+SMALL_NODES_APP: dict[str, Any] = {
+    "gateway_max_replicas_per_node": 1,
+    "gateway_num_cpus": 0.1,
+    "shard_num_cpus": 0.05,
+    "control_num_cpus": 0.05,
+    "embedder_num_cpus": 0.05,
+    "embedder_preload": False,
+}
+
+
+def report_row(scenario: str, s: Any, lost: list[str], recovery_s: float | None) -> None:
+    """One row of the fault report (tests/cluster/conftest.py prints them)."""
+    REPORT.append(
+        {
+            "fault": scenario,
+            "requests": s.requests,
+            "failed": s.failed,
+            "failed_as": " ".join(
+                f"{n}x{st or 'conn'}" for st, n in s.statuses.items() if st != 200
+            )
+            or "-",
+            "wrong_or_partial": s.wrong_or_partial,
+            "writes_acked": s.writes_acked,
+            "writes_lost": len(lost),
+            "recovery_s": "-" if recovery_s is None else f"{recovery_s:.1f}",
+        }
+    )
 
 
 @dataclass

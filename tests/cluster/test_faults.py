@@ -24,13 +24,13 @@ from actors.control.plane import CONTROL_NAME, NAMESPACE
 from tests.cluster.load import MixedLoad
 from tests.cluster.support import (
     API_KEY,
-    REPORT,
     RayCluster,
     answers_correctly,
     control_actor,
     create,
     gateways,
     partition_actors,
+    report_row,
     wait_until,
 )
 from tests.integration.support import Index, ok
@@ -61,21 +61,7 @@ def run_scenario(
     s = load.summary()
     lost = load.lost(http)
     recovery = max(took, (s.last_failure_s or 0.0) - t_fault)
-    REPORT.append(
-        {
-            "fault": fault,
-            "requests": s.requests,
-            "failed": s.failed,
-            "failed_as": " ".join(
-                f"{n}x{st or 'conn'}" for st, n in s.statuses.items() if st != 200
-            )
-            or "-",
-            "wrong_or_partial": s.wrong_or_partial,
-            "writes_acked": s.writes_acked,
-            "writes_lost": len(lost),
-            "recovery_s": f"{recovery:.1f}",
-        }
-    )
+    report_row(fault, s, lost, recovery)
     print(f"{fault}: {s} lost={len(lost)} recovery={recovery:.1f}s")
     for said in s.server_errors:  # a 5xx while a fault is under way: what the service said
         print(f"  {fault}: {said}")

@@ -23,7 +23,6 @@ from cluster import cli
 from tests.cluster.load import MixedLoad, vector_of
 from tests.cluster.support import (
     API_KEY,
-    REPORT,
     RayCluster,
     actors,
     answers_correctly,
@@ -32,6 +31,7 @@ from tests.cluster.support import (
     gateways,
     index_id_of,
     partition_actors,
+    report_row,
     wait_until,
 )
 
@@ -54,21 +54,7 @@ def report(scenario: str, load: MixedLoad, http: httpx.Client, until: float | No
     s = load.summary()
     failed_in_move = [o for o in load.outcomes if not o.ok and (until is None or o.t < until)]
     lost = load.lost(http)
-    REPORT.append(
-        {
-            "fault": scenario,
-            "requests": s.requests,
-            "failed": s.failed,
-            "failed_as": " ".join(
-                f"{n}x{st or 'conn'}" for st, n in s.statuses.items() if st != 200
-            )
-            or "-",
-            "wrong_or_partial": s.wrong_or_partial,
-            "writes_acked": s.writes_acked,
-            "writes_lost": len(lost),
-            "recovery_s": "-",
-        }
-    )
+    report_row(scenario, s, lost, None)
     print(f"{scenario}: {s} lost={len(lost)}")
     for said in s.server_errors:
         print(f"  {scenario}: {said}")
