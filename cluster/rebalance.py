@@ -41,6 +41,7 @@ def _rebalance(args: argparse.Namespace) -> int:
 
     from actors.control.client import ControlClient
     from actors.control.plane import CONTROL_NAME, NAMESPACE
+    from actors.errors import VaultvecError
     from cluster import runtime
 
     if not ray.is_initialized():
@@ -50,7 +51,11 @@ def _rebalance(args: argparse.Namespace) -> int:
     except ValueError:
         print("no vaultvec service runs on this Ray cluster", file=sys.stderr)
         return 2
-    report = asyncio.run(control.rebalance(args.drain, args.dry_run))
+    try:
+        report = asyncio.run(control.rebalance(args.drain, args.dry_run))
+    except VaultvecError as exc:  # a node id that is not one, the pool not starting
+        print(f"vaultvec rebalance: {exc}", file=sys.stderr)
+        return 2
     print(describe(report, args.dry_run))
     return 1 if report.skipped or report.stranded else 0
 

@@ -254,3 +254,24 @@ def test_actors_beyond_their_nodes_share_are_emptied_and_the_pool_names_them(
     after = apply({"x": (a, b, c), "y": (b, c)}, members, surplus={b})
     assert all(b not in p for p in after.values())
     assert len({members[x] for x in after["x"]}) == 3  # x spread over three nodes again
+
+
+def test_the_command_says_what_was_wrong_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    from actors.control import client
+    from actors.errors import InvalidRequest
+    from cluster import cli
+
+    async def refuse(self: object, drain: list[str], dry_run: bool) -> None:
+        raise InvalidRequest("no live node with pool actors has the id 'x'; nodes: n1")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_actor", lambda *a, **k: object())
+    monkeypatch.setattr(client.ControlClient, "rebalance", refuse)
+    assert cli.main(["rebalance", "--drain", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "vaultvec rebalance: no live node with pool actors has the id 'x'" in err
+    assert "Traceback" not in err
