@@ -77,6 +77,7 @@ class ControlPlane(PlaneMetrics, Rebalancing):
         self._settled = threading.Condition(self._lock)
         self._draining: frozenset[str] = frozenset()
         self._rebalancing = threading.Lock()
+        self._unsettled = False
         for key in self.store.list("indexes/"):
             if key.endswith("/meta"):
                 raw = self.store.get(key)
@@ -168,7 +169,11 @@ class ControlPlane(PlaneMetrics, Rebalancing):
             self._catalog.pop(name, None)
             self._configs.pop(name, None)
             self._load.subtract(meta.placement)
-        actors = [self.pool.handle(a) for a in dict.fromkeys(meta.placement)]
+        # Every pool actor, not only the placement's: one a move was taking a partition to
+        # holds a copy too.
+        actors = [
+            self.pool.handle(a) for a in dict.fromkeys([*meta.placement, *self.pool.members()])
+        ]
         with contextlib.suppress(GetTimeoutError, RayActorError):  # a restarted one refuses too
             ray.get(
                 [a.retire.remote(meta.index_id) for a in actors],

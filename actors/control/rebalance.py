@@ -20,14 +20,18 @@ step 5) looks the index up again; the view it asks for waits while steps 3 to 5 
 no load of P: B loaded it before) and names B, and the gateway retries there within its retry
 budget. Nothing acknowledged is lost and no answer comes from a state missing a write. A
 partition that A had not loaded moves as it is: B loads it at its first call, as A would have.
-If step 1 or 2 fails, the move goes on cold; if step 3 fails, B lets its copy go and the
-partition stays with A.
+If step 1 or 2 fails, the move goes on cold; if step 3 fails (and did not land), B lets its
+copy go and the partition stays with A. B is admitted only once A answered its release (or
+died: Ray restarts it, and it refuses P); a host that stays unreachable leaves P refused until
+the pool is settled again (:meth:`Rebalancing.recover_moves`, at the next periodic check or
+rebalance).
 
 Restarts: a pool actor loading a partition checks that the stored catalog entry names it
 (actors.pool.actor), so A restarted after step 3 never takes P back, and B restarted after it
 loads P whole. A control plane restarted in the middle of a move has every pool actor settle
-against the catalog (:meth:`Rebalancing.recover_moves`): the actor it names serves P (caught
-up), any other lets P go. Indexes that are training, rotating their key or being restored are
+against the catalog (:meth:`Rebalancing.recover_moves`): every actor first lets go of what the
+catalog does not place on it (and of deleted indexes), then the actor it names serves P
+(caught up). Indexes that are training, rotating their key or being restored are
 left where they are (reported as skipped); training and key rotation refuse to start, and a
 deletion waits, while an index's partition moves.
 
@@ -38,6 +42,7 @@ When a node with CPUs joins the cluster, the control plane rebalances by itself
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -48,19 +53,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 
 from actors.control import moves
 from actors.control.catalog import Catalog
 from actors.errors import InvalidRequest, VaultvecError
 from actors.pool.placement import Pool, node_sizes
+from actors.storage import Store, persistence
 from actors.types import IndexMeta, Partition
 
 log = logging.getLogger("vaultvec.rebalance")
 
-# A call of a move that loads a partition (or waits for one), and the longest a view asked for
-# while its index switches hosts waits.
+# A call of a move that loads a partition (or waits for one); the longest a view asked for
+# while its index switches hosts waits (a control-plane thread waits with it).
 MOVE_CALL_TIMEOUT_S = 300.0
+VIEW_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,8 @@ class Rebalancing:
     _settled: threading.Condition  # on _lock: notified when a move ends
     _draining: frozenset[str]  # node ids new partitions avoid
     _rebalancing: threading.Lock  # one rebalance at a time
+    _unsettled: bool  # a move could not confirm a step: the pool is settled again
+    store: Store
 
     update_meta: Callable[[IndexMeta, Callable[[IndexMeta], IndexMeta]], IndexMeta]
 
@@ -115,6 +124,8 @@ class Rebalancing:
         pool actor over the others; new indexes avoid the drained nodes until the next
         rebalance without them. The pool first grows onto nodes that joined."""
         with self._rebalancing:
+            if self._unsettled and not dry_run:
+                self._settle_all()
             return self._rebalance(drain, dry_run)
 
     def _rebalance(self, drain: Collection[str], dry_run: bool) -> RebalanceReport:
@@ -183,16 +194,23 @@ class Rebalancing:
             try:  # step 3
                 self.update_meta(meta, lambda m: replace(m, placement=placed(m, mv)))
             except Exception as exc:
-                with contextlib.suppress(Exception):  # B drops its copy and refuses P again
-                    ray.get(target.release.remote(part), timeout=MOVE_CALL_TIMEOUT_S)
-                return "deleted meanwhile" if isinstance(exc, VaultvecError) else repr(exc)
+                if not self._landed(meta, mv):
+                    with contextlib.suppress(Exception):  # B drops its copy, refuses P again
+                        ray.get(target.release.remote(part), timeout=MOVE_CALL_TIMEOUT_S)
+                    return "deleted meanwhile" if isinstance(exc, VaultvecError) else repr(exc)
             with self._lock:
                 self._load[mv.source] -= 1
                 self._load[mv.target] += 1
-            with contextlib.suppress(RayActorError):  # step 4 (A, restarted, refuses P)
-                ray.get(source.release.remote(part))  # waits for the calls running on P
-            with contextlib.suppress(RayActorError):  # step 5 (B, restarted, loads P)
-                ray.get(target.admit.remote(part))
+            # Step 4 (A, restarted, refuses P: the catalog names B), then step 5 (B, restarted,
+            # loads P whole). B serves only once A is known to have let P go; if either cannot
+            # be confirmed, P stays refused until the control plane settles the pool again.
+            for handle, step in ((source, "release"), (target, "admit")):
+                if not confirmed(functools.partial(getattr(handle, step).remote, part)):
+                    self._unsettled = True
+                    return (
+                        f"moved, but its {'former' if step == 'release' else 'new'} host did "
+                        "not answer; it is settled at the next check"
+                    )
             return None
         finally:
             with self._lock:
@@ -200,9 +218,22 @@ class Rebalancing:
                 self._switching.discard(mv.index)
                 self._settled.notify_all()
 
+    def _landed(self, meta: IndexMeta, mv: moves.Move) -> bool:
+        """Whether the catalog write of ``mv`` landed although it raised (a store that lost
+        its answer); the control plane's entry then follows the store's."""
+        stored = persistence.load_meta(self.store, meta.index_id)
+        if stored is None or stored.placement[mv.shard_no : mv.shard_no + 1] != (mv.target,):
+            return False
+        with self._lock:
+            if mv.index in self._catalog:
+                self._catalog[mv.index] = stored
+        return True
+
     def rebalance_if_joined(self, seen: set[str] | None) -> set[str]:
         """Rebalance if a node with CPUs joined since the nodes ``seen`` (None: not known yet);
         returns the nodes now. Starts no pool actor while there is no partition to move."""
+        if self._unsettled:
+            self.recover_moves()
         now = set(node_sizes(self.pool.size_per_node))
         with self._lock:
             hosting = any(m.placement for m in self._catalog.values())
@@ -218,31 +249,60 @@ class Rebalancing:
         return now
 
     def recover_moves(self) -> None:
-        """After this actor restarted: every pool actor settles the partitions of the indexes
-        in the catalog by it (what the catalog places on it is served, caught up with the log
-        if it was loaded during a move; anything else is let go), so that a move this restart
-        cut short leaves each partition served by the one actor the catalog names."""
+        """Settle every pool actor against the catalog: what the catalog places on an actor
+        it serves (caught up with the log if it was loaded during a move), anything else it
+        lets go, every actor letting go before any serves. Run when this actor restarts (a
+        move it cut short), before a rebalance and at the periodic check while a move left a
+        partition unconfirmed (:attr:`_unsettled`), until it succeeds."""
         with self._rebalancing:
-            with self._lock:
-                known = [m.index_id for m in self._catalog.values()]
-                placed: dict[str, list[Partition]] = {a: [] for a in self.pool.members()}
-                for meta in self._catalog.values():
-                    for s, actor in enumerate(meta.placement):
-                        placed.setdefault(actor, []).append(Partition(meta.name, meta.index_id, s))
-            for admit in (False, True):  # no actor serves P before every other let it go
-                handles = [(self.pool.handle(a), parts) for a, parts in placed.items()]
-                refs = [h.settle.remote(parts, known, admit) for h, parts in handles]
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=MOVE_CALL_TIMEOUT_S)
-                for ref in ready:
-                    with contextlib.suppress(RayActorError):  # restarted: holds nothing
-                        ray.get(ref)
+            self._settle_all()
+
+    def _settle_all(self) -> None:
+        self._unsettled = True
+        with self._lock:
+            known = [m.index_id for m in self._catalog.values()]
+            placed: dict[str, list[Partition]] = {a: [] for a in self.pool.members()}
+            for meta in self._catalog.values():
+                for s, actor in enumerate(meta.placement):
+                    placed.setdefault(actor, []).append(Partition(meta.name, meta.index_id, s))
+        for admit in (False, True):  # no actor serves P before every other let it go
+            calls = [
+                functools.partial(self.pool.handle(a).settle.remote, parts, known, admit)
+                for a, parts in placed.items()
+            ]
+            if not all(confirmed(call) for call in calls):
+                log.warning("settling the pool against the catalog: an actor did not answer")
+                return
+        self._unsettled = False
 
     def _await_move(self, name: str, whole: bool = False) -> None:
         """Return once no partition of index ``name`` is switching hosts (steps 3 to 5), or
         with ``whole``, moving at all (bounded)."""
         busy = self._moving if whole else self._switching
         with self._settled:
-            self._settled.wait_for(lambda: name not in busy, MOVE_CALL_TIMEOUT_S)
+            self._settled.wait_for(
+                lambda: name not in busy, MOVE_CALL_TIMEOUT_S if whole else VIEW_WAIT_S
+            )
+
+
+def confirmed(call: Callable[[], Any], timeout_s: float = MOVE_CALL_TIMEOUT_S) -> bool:
+    """Run ``call()`` (a Ray call) until it answers: True once it did, or once its actor died
+    for good (a restarted pool actor holds nothing of a move); False if the actor stays
+    unreachable (it may be alive, the call not run) past ``timeout_s``. Ray runs a call again
+    on a restarted actor by itself."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        try:
+            ray.get(call(), timeout=max(0.1, deadline - time.monotonic()))
+            return True
+        except ActorDiedError:
+            return True
+        except (ActorUnavailableError, GetTimeoutError):
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
 
 
 def placed(placement: IndexMeta | tuple[str, ...], mv: moves.Move) -> tuple[str, ...]:

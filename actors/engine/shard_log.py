@@ -30,6 +30,7 @@ class ShardLog:
         self.max_records, self.max_bytes = max_records, max_bytes
         self.chunk_bytes = chunk_bytes  # a snapshot larger than this is stored in chunks
         self.gen = 0  # the snapshot generation; WAL records go to the log of this generation
+        self.loaded_gen = 0  # the generation of the snapshot the state was loaded from (0: none)
         self.seq = 0  # the last record's number
         self.records = 0  # records written since the last snapshot
         self.bytes = 0
@@ -42,6 +43,7 @@ class ShardLog:
         if found is None:
             return None
         self.gen, frame = found
+        self.loaded_gen = self.gen
         return frame
 
     def replay(self, key: bytes, apply: Callable[[str, Any], None]) -> None:

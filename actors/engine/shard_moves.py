@@ -32,16 +32,17 @@ class ShardMoves:
 
     def catch_up(self) -> None:
         """Apply the writes logged since the load (its former host wrote them); nothing if the
-        partition is not loaded (it reads everything when it loads). Once that host rolled its
-        log into a snapshot newer than this state knows, the log this state would continue may
-        be gone: the partition loads again, from that snapshot."""
+        partition is not loaded (it reads everything when it loads). Once that host wrote a
+        snapshot newer than the one this state was loaded from (even while this state loaded),
+        part of the log this state continues may be gone: the partition loads again, from that
+        snapshot."""
         with self._lock.write():
             key = self.keys.key
             if not self._loaded or key is None:
                 return
             ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
             snapshots = persistence.generations(self.store, ix, no, "snap", epoch)
-            if snapshots and snapshots[-1] > self.log.gen:
+            if snapshots and snapshots[-1] > self.log.loaded_gen:
                 self._loaded = False
                 self._ensure_loaded(key)
             else:

@@ -33,6 +33,7 @@ from actors.engine.updates import Update
 from actors.errors import IndexRetired, PartitionMoved
 from actors.pool import channel, wire
 from actors.pool.calls import ShardCalls
+from actors.pool.moves import PoolMoves
 from actors.pool.pool_metrics import PoolMetrics, rss_bytes
 from actors.process import heap
 from actors.process.cpus import node_cpus
@@ -80,7 +81,7 @@ class PoolOptions:
     threads: int = 0  # 0 = the node's CPUs (actors.process.cpus.node_cpus)
 
 
-class ShardPool:
+class ShardPool(PoolMoves):
     """Implements actors.pool.client.ShardCalls for the partitions it hosts."""
 
     def __init__(self, options: PoolOptions) -> None:
@@ -121,9 +122,11 @@ class ShardPool:
             shard = self._hosted.get(slot)
             if shard is None:
                 if placed:
-                    if slot in self._moved:  # released meanwhile
-                        raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} moved")
+                    if slot in self._moved or slot in self._incoming:  # (meanwhile)
+                        raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is moving")
                     self._check_placed(p)
+                elif slot not in self._incoming:  # a warm whose move was called off
+                    raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is not coming")
                 shard = Shard(
                     self.store,
                     p.name,
@@ -148,85 +151,6 @@ class ShardPool:
         here = persistence.read_meta(raw).placement[p.shard_no : p.shard_no + 1]
         if self.options.name and here and here[0] != self.options.name:
             raise PartitionMoved(f"shard {p.shard_no} of index {p.name!r} is placed elsewhere")
-
-    # -- moves between pool actors (actors.control.rebalance) --------------------------------
-    def prepare(self, p: Partition) -> None:
-        """A move of ``p`` here begins: calls for it are refused until :meth:`admit`."""
-        slot = (p.index_id, p.shard_no)
-        with self._lock:
-            self._moved.discard(slot)
-            self._incoming.add(slot)
-
-    def hand_over(self, p: Partition, target: Any) -> bool:
-        """Have pool actor ``target`` load ``p`` while this actor still serves it, with the
-        data key p is loaded under here (which never leaves the pool's actors); False if p is
-        not loaded here (``target`` loads it when it first needs it)."""
-        shard = self._hosted.get((p.index_id, p.shard_no))
-        key = None if shard is None or not shard.loaded else shard.keys.key
-        if key is None:
-            return False
-        ray.get(target.warm.remote(p, key))
-        return True
-
-    def warm(self, p: Partition, key: bytes) -> None:
-        """Load a partition moving here (:meth:`hand_over`)."""
-        with self._call("warm", p.shard_no):
-            self._shard(p, placed=False).warm(key)
-
-    def release(self, p: Partition) -> None:
-        """Give ``p`` up: every later call for it is refused, the calls running on it end
-        first, then its data is dropped."""
-        with self._call("release", p.shard_no):
-            self._release((p.index_id, p.shard_no))
-
-    def _release(self, slot: tuple[str, int]) -> None:
-        with self._lock:
-            self._moved.add(slot)
-            self._incoming.discard(slot)
-            shard = self._hosted.get(slot)
-        if shard is not None:
-            shard.retire()  # takes its locks: waits for the calls and snapshot under way
-            with self._lock:
-                if self._hosted.get(slot) is shard:
-                    del self._hosted[slot]
-            heap.trim()
-
-    def admit(self, p: Partition) -> None:
-        """Serve ``p`` from now on (the catalog names this actor; its former host released
-        it): a copy loaded during the move first applies what was logged since."""
-        with self._call("admit", p.shard_no):
-            self._admit((p.index_id, p.shard_no))
-
-    def _admit(self, slot: tuple[str, int]) -> None:
-        shard = self._hosted.get(slot)
-        try:
-            if shard is not None:
-                shard.catch_up()
-        except Exception:  # its state is unknown: let it go; the next call loads it whole
-            log.exception("catching up shard %d of index %s failed; it loads afresh", *slot[::-1])
-            shard.retire()  # type: ignore[union-attr]
-            with self._lock:
-                if self._hosted.get(slot) is shard:
-                    del self._hosted[slot]
-        finally:
-            with self._lock:
-                self._incoming.discard(slot)
-                self._moved.discard(slot)
-
-    def settle(self, placed: list[Partition], known: list[str], admit: bool) -> None:
-        """Match the catalog after a move was cut short (the control plane restarted), for the
-        indexes ``known``: first (every actor) let go of what is not ``placed`` here, then
-        (``admit``, every actor) serve what is."""
-        here = {(p.index_id, p.shard_no) for p in placed}
-        if admit:
-            for slot in sorted(here):
-                self._admit(slot)
-            return
-        ids = set(known)
-        with self._lock:
-            mine = {s for s in (*self._hosted, *self._incoming) if s[0] in ids}
-        for slot in sorted(mine - here):
-            self._release(slot)
 
     def retire(self, index_id: str) -> None:
         """Refuse every later call for the index (it is being deleted) and drop its partitions.

@@ -275,3 +275,89 @@ def test_the_command_says_what_was_wrong_without_a_traceback(
     err = capsys.readouterr().err
     assert "vaultvec rebalance: no live node with pool actors has the id 'x'" in err
     assert "Traceback" not in err
+
+
+def test_a_snapshot_rolled_while_the_new_host_loads_is_caught_up_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writes enough to roll its log into a newer snapshot while B is still loading the
+    older one (A's roll deletes the log generation B continues from): B, admitted, serves every
+    write A acknowledged, and so does the store once B has rolled in turn."""
+    from actors.engine.shard import Shard
+
+    part = placed(tmp_path, ("A",))
+    a = ShardPool(PoolOptions(store_url=f"file://{tmp_path}", name="A", wal_max_records=6))
+    b = ShardPool(PoolOptions(store_url=f"file://{tmp_path}", name="B", wal_max_records=6))
+    x = clustered(200, 8, seed=7)
+    n = 0
+
+    def write(times: int, pool: ShardPool) -> None:
+        nonlocal n
+        for _ in range(times):
+            pool.upsert(part, KEY, batch(x[n : n + 5], n))
+            n += 5
+
+    write(7, a)  # snapshot 1, one record in log 1
+    install = Shard._install
+
+    def racing(self: Shard, state: object) -> None:
+        install(self, state)
+        if self is b._hosted.get(("ida", 0)) and n < 70:
+            write(6, a)  # snapshot 2 lands, log 1 goes
+
+    monkeypatch.setattr(Shard, "_install", racing)
+    b.prepare(part)
+    b.warm(part, KEY)
+    monkeypatch.setattr(Shard, "_install", install)
+    placed(tmp_path, ("B",))
+    a.release(part)
+    b.admit(part)
+    want = [f"id{i}" for i in range(n)]
+    assert list(b.get(part, KEY, want, False, False, False).ids) == want
+    write(7, b)
+    fresh = host(tmp_path, "B")
+    want = [f"id{i}" for i in range(n)]
+    assert list(fresh.get(part, KEY, want, False, False, False).ids) == want
+
+
+def test_a_call_is_confirmed_only_by_an_answer_or_its_actors_death(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from actors.control import rebalance
+
+    outcomes: list[object] = []
+
+    def get(ref: object, timeout: float | None = None) -> object:
+        result = outcomes.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(rebalance.time, "sleep", lambda s: None)
+    outcomes[:] = [ActorUnavailableError("unreachable", b"x" * 16), None]
+    assert rebalance.confirmed(lambda: "ref", timeout_s=60)  # retried, then answered
+    outcomes[:] = [ActorDiedError()]
+    assert rebalance.confirmed(lambda: "ref", timeout_s=60)  # died: restarted, holds nothing
+    outcomes[:] = [ActorUnavailableError("unreachable", b"x" * 16)] * 1000
+    assert not rebalance.confirmed(lambda: "ref", timeout_s=0.05)  # may be alive: not confirmed
+
+
+def test_no_copy_is_left_behind_by_a_move_called_off_or_an_index_deleted(tmp_path: Path) -> None:
+    part = placed(tmp_path, ("A",))
+    a, b = host(tmp_path, "A"), host(tmp_path, "B")
+    a.upsert(part, KEY, batch(clustered(20, 8, seed=9), 0))
+    b.prepare(part)
+    b.release(part)  # the move was called off before A handed the partition over
+    with pytest.raises(PartitionMoved):
+        b.warm(part, KEY)  # a late hand-over loads nothing
+    assert b.pool_stats().partitions == 0
+    b.prepare(part)
+    b.warm(part, KEY)  # a copy on its way in...
+    store = open_store(f"file://{tmp_path}")
+    store.delete(persistence.meta_key("ida"))  # ...of an index deleted meanwhile
+    b.settle([], [], admit=False)  # the catalog no longer knows it
+    assert b.pool_stats().partitions == 0
