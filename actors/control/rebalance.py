@@ -194,7 +194,11 @@ class Rebalancing:
             try:  # step 3
                 self.update_meta(meta, lambda m: replace(m, placement=placed(m, mv)))
             except Exception as exc:
-                if not self._landed(meta, mv):
+                try:
+                    landed = self._landed(meta, mv)
+                except Exception:  # not known: settled against the catalog at the next check
+                    landed, self._unsettled = False, True
+                if not landed:
                     with contextlib.suppress(Exception):  # B drops its copy, refuses P again
                         ray.get(target.release.remote(part), timeout=MOVE_CALL_TIMEOUT_S)
                     return "deleted meanwhile" if isinstance(exc, VaultvecError) else repr(exc)

@@ -30,7 +30,9 @@ class ShardLog:
         self.max_records, self.max_bytes = max_records, max_bytes
         self.chunk_bytes = chunk_bytes  # a snapshot larger than this is stored in chunks
         self.gen = 0  # the snapshot generation; WAL records go to the log of this generation
-        self.loaded_gen = 0  # the generation of the snapshot the state was loaded from (0: none)
+        # The newest snapshot generation the state holds everything of: the one it was loaded
+        # from, or one it wrote since (0: none).
+        self.snapshot_gen = 0
         self.seq = 0  # the last record's number
         self.records = 0  # records written since the last snapshot
         self.bytes = 0
@@ -43,7 +45,7 @@ class ShardLog:
         if found is None:
             return None
         self.gen, frame = found
-        self.loaded_gen = self.gen
+        self.snapshot_gen = self.gen
         return frame
 
     def replay(self, key: bytes, apply: Callable[[str, Any], None]) -> None:
@@ -91,6 +93,7 @@ class ShardLog:
         """``frame`` as snapshot ``gen``; while the key rotates, under both keys."""
         for sealing, epoch in self.keys.sealing(key):
             self.put_snapshot(sealing, epoch, frame, gen)
+        self.snapshot_gen = max(self.snapshot_gen, gen)
 
     def put_snapshot(self, key: bytes, epoch: int, frame: bytes | Frame, gen: int) -> None:
         persistence.put_snapshot(

@@ -32,8 +32,8 @@ class ShardMoves:
 
     def catch_up(self) -> None:
         """Apply the writes logged since the load (its former host wrote them); nothing if the
-        partition is not loaded (it reads everything when it loads). Once that host wrote a
-        snapshot newer than the one this state was loaded from (even while this state loaded),
+        partition is not loaded (it reads everything when it loads). Once another host wrote a
+        snapshot newer than any this state holds (even while this state loaded),
         part of the log this state continues may be gone: the partition loads again, from that
         snapshot."""
         with self._lock.write():
@@ -42,7 +42,7 @@ class ShardMoves:
                 return
             ix, no, epoch = self.index_id, self.shard_no, self.keys.epoch
             snapshots = persistence.generations(self.store, ix, no, "snap", epoch)
-            if snapshots and snapshots[-1] > self.log.loaded_gen:
+            if snapshots and snapshots[-1] > self.log.snapshot_gen:
                 self._loaded = False
                 self._ensure_loaded(key)
             else:

@@ -361,3 +361,19 @@ def test_no_copy_is_left_behind_by_a_move_called_off_or_an_index_deleted(tmp_pat
     store.delete(persistence.meta_key("ida"))  # ...of an index deleted meanwhile
     b.settle([], [], admit=False)  # the catalog no longer knows it
     assert b.pool_stats().partitions == 0
+
+
+def test_settling_a_partition_that_never_moved_keeps_its_state(tmp_path: Path) -> None:
+    """A control plane's restart settles every partition; one whose own writes rolled its log
+    into newer snapshots is caught up from the log it alone writes, not loaded again."""
+    part = placed(tmp_path, ("A",))
+    a = ShardPool(PoolOptions(store_url=f"file://{tmp_path}", name="A", wal_max_records=3))
+    x = clustered(80, 8, seed=10)
+    for k in range(8):  # two rolls: snapshots newer than none the state was loaded from
+        a.upsert(part, KEY, batch(x[10 * k : 10 * k + 10], 10 * k))
+    shard = a._shard(part)
+    items = shard.items
+    for admit in (False, True):
+        a.settle([part], ["ida"], admit)
+    assert shard.items is items  # not loaded again
+    assert a.stats(part, KEY, False).count == 80
