@@ -171,9 +171,10 @@ class ControlPlane(PlaneMetrics, Rebalancing):
             self._load.subtract(meta.placement)
         # Every pool actor, not only the placement's: one a move was taking a partition to
         # holds a copy too.
-        actors = [
-            self.pool.handle(a) for a in dict.fromkeys([*meta.placement, *self.pool.members()])
-        ]
+        members: dict[str, str] = {}
+        with contextlib.suppress(VaultvecError):  # (none can start: the placement's are tried)
+            members = self.pool.members()
+        actors = [self.pool.handle(a) for a in dict.fromkeys([*meta.placement, *members])]
         with contextlib.suppress(GetTimeoutError, RayActorError):  # a restarted one refuses too
             ray.get(
                 [a.retire.remote(meta.index_id) for a in actors],
