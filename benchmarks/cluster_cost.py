@@ -22,6 +22,7 @@ cluster).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import threading
 import time
@@ -200,15 +201,15 @@ def main() -> int:
                 for s in range(0, len(q) - args.batch + 1, args.batch)
             ]
 
+            sent = itertools.count()  # which body goes next (each client takes the next)
+
             def one(c: httpx.Client, i: int, bodies: list[bytes], per: int) -> int:
-                body = bodies[(one.calls + i) % len(bodies)]  # type: ignore[attr-defined]
-                one.calls += 1  # type: ignore[attr-defined]
+                body = bodies[next(sent) % len(bodies)]
                 r = c.post(url + common.QUERY, content=body, headers=common.JSON_HEADERS)
                 if r.status_code != 200:
                     raise RuntimeError(f"query -> {r.status_code}: {r.text[:300]}")
                 return per
 
-            one.calls = 0  # type: ignore[attr-defined]
             measure(cluster, lambda c, i: one(c, i, single, 1), 3.0, args.clients)  # warm-up
             _, idle_s, idle = measure(cluster, lambda c, i: time.sleep(0.05) or 0, args.seconds, 1)
             report("idle", 0, idle_s, idle, {}, idle_s)
