@@ -83,14 +83,20 @@ def measure(
     after = common.proc_cpu()
     owner.update({p: o for p, o in node_pids(cluster).items() if p not in owner})
     cpu: dict[str, dict[str, float]] = {}
-    for pid, (cmd, t) in after.items():
+    for pid, (cmd, seconds) in after.items():
         node = owner.get(pid)
         if node is None:
             continue
         role = common.cpu_role(pid, cmd)
-        spent = t - before.get(pid, (cmd, 0.0))[1]
+        spent = seconds - before.get(pid, (cmd, 0.0))[1]
         cpu.setdefault(node, dict.fromkeys(ROLES, 0.0))[role] += spent
     return sum(counts), took, cpu
+
+
+def pause(client: httpx.Client, i: int) -> int:
+    """The idle run's client: sends nothing."""
+    time.sleep(0.05)
+    return 0
 
 
 def report(
@@ -211,7 +217,7 @@ def main() -> int:
                 return per
 
             measure(cluster, lambda c, i: one(c, i, single, 1), 3.0, args.clients)  # warm-up
-            _, idle_s, idle = measure(cluster, lambda c, i: time.sleep(0.05) or 0, args.seconds, 1)
+            _, idle_s, idle = measure(cluster, pause, args.seconds, 1)
             report("idle", 0, idle_s, idle, {}, idle_s)
             for label, bodies, per in (
                 ("single queries", single, 1),
