@@ -78,7 +78,8 @@ class PoolMoves:
             self._admit((p.index_id, p.shard_no))
 
     def _admit(self, slot: tuple[str, int]) -> None:
-        shard = self._hosted.get(slot)
+        with self._lock:  # a copy loaded during a move catches up; one served all along is current
+            shard = self._hosted.get(slot) if slot in self._incoming else None
         try:
             if shard is not None:
                 shard.catch_up()
@@ -98,8 +99,10 @@ class PoolMoves:
         indexes ``known``: first (every actor) let go of what is not ``placed`` here, then
         (``admit``, every actor) serve what is."""
         here = {(p.index_id, p.shard_no) for p in placed}
-        if admit:
-            for slot in sorted(here):
+        if admit:  # (only what a move left refused: the rest is served already)
+            with self._lock:
+                waiting = here & (self._incoming | self._moved)
+            for slot in sorted(waiting):
                 self._admit(slot)
             return
         ids = set(known)
