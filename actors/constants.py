@@ -42,6 +42,13 @@ SELECTION_CACHE_ENTRIES = 32
 #: Reconstructing at least this many items at once looks their places up in a map of every
 #: label's place (PartitionIndex._places, 8 bytes per item, kept until the lists change).
 RECONSTRUCT_MAP_MIN = 1024
+#: A partition that keeps full vectors beside compressed codes (actors.engine.fullvectors)
+#: takes this many candidates per result from the codes and reranks them by exact distance,
+#: unless a query sets rerank_mult (CyborgDB's default, 10).
+RERANK_MULT = 10
+#: ... but never more than this many candidates a query: a top_k of 1,000 reranks 10 a result,
+#: one of 10,000 none (each candidate is one record read from disk and opened).
+RERANK_MAX_CANDIDATES = 10_000
 #: A filter matching few enough items is answered by an exact scan of them (Selection.
 #: scan_exactly): at most this many vector values (items x dimension; 31,250 items of 128
 #: dimensions), gathered at once for a batch of EXACT_SCAN_BATCH queries or when at most

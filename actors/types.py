@@ -263,6 +263,7 @@ class SearchRequest:
     filter: FilterNode | None = None
     with_metadata: bool = True
     probing: Probing = FIXED
+    rerank_mult: int = 0  # candidates per result reranked by full vectors; 0 = the default
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import orjson
 from actors import constants
 from actors.engine import compaction, shard_state, updates
 from actors.engine.filters import FilterNode
+from actors.engine.fullvectors import FullVectors
 from actors.engine.items import ItemTable
 from actors.engine.ivf import MAX_NORM, PartitionIndex, too_large
 from actors.engine.rwlock import RWLock
@@ -34,6 +35,7 @@ from actors.engine.shard_keys import KeyRotated, ShardKeys
 from actors.engine.shard_log import ShardLog
 from actors.engine.shard_moves import ShardMoves
 from actors.engine.shard_reads import ShardReads
+from actors.engine.shard_training import ShardTraining
 from actors.errors import IndexRetired, InvalidRequest
 from actors.process import heap
 from actors.process.cpus import node_cpus
@@ -44,7 +46,7 @@ from actors.types import ShardStats, UpsertBatch
 log = logging.getLogger("vaultvec.shard")
 
 
-class Shard(ShardReads, ShardBackup, ShardMoves):
+class Shard(ShardReads, ShardBackup, ShardMoves, ShardTraining):
     """One partition (index, shard number); a pool actor (actors.pool) hosts many."""
 
     def __init__(
@@ -58,6 +60,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         wal_max_bytes: int = 256 << 20,
         threads: int = 1,
         snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
+        vector_dir: str = "",
     ) -> None:
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.name = index_name
@@ -66,6 +69,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         self.wal_max_records = wal_max_records
         self.wal_max_bytes = wal_max_bytes
         self.snapshot_chunk_bytes = snapshot_chunk_bytes
+        self.vector_dir = vector_dir  # where compressed partitions keep full vectors ("": temp)
         self.threads = threads if threads > 0 else node_cpus()
         self._lock = RWLock()  # searches share it; writes, loads and swaps take it alone
         self._snapshot_lock = threading.Lock()
@@ -91,6 +95,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         self.items = ItemTable()
         self.selections = Selections()  # recent filter evaluations (actors.engine.selection)
         self.partition: PartitionIndex | None = None
+        self.vectors: FullVectors | None = None  # compressed lists' full vectors, on disk
         self.version = 0
         self.nprobe_table: tuple[tuple[int, int], ...] = ()
         self._pending: list[tuple[str, Any]] | None = None  # ops arriving during a rebuild
@@ -125,7 +130,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         self.keys.open_epoch(self.store, self.name, self.index_id, self.shard_no, key)
         frame = self.log.snapshot(key)
         if frame is not None:
-            self._install(shard_state.restore(frame))
+            self._install(shard_state.restore(frame, self.vector_dir))
         self.log.replay(key, self._replayed)
         self._loaded = True
         heap.trim()  # the snapshot frame, WAL records and outgrown lists were freed
@@ -133,6 +138,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
     def _install(self, state: shard_state.State) -> None:
         self.version, self.nprobe_table = state.version, state.nprobe_table
         self.items, self.partition, self.seq = state.items, state.partition, state.seq
+        self.vectors = state.vectors
 
     def _replayed(self, op: str, payload: Any) -> None:
         if isinstance(payload, UpsertBatch):
@@ -203,13 +209,16 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         them (PartitionIndex.laid_out): copied while searches go on, swapped in unless a write,
         a load or a training rebuild came meanwhile (the next pause tries again)."""
         with self._lock.read():
-            part, items, seq = self.partition, self.items, self.seq
+            part, items, seq, full = self.partition, self.items, self.seq, self.vectors
             if part is None or self._pending is not None:
                 return
             plan = compaction.prepare(items, part)
             lists = part.laid_out() if part.needs_layout() else None
         if plan is None and lists is None:
             return
+        # A compressed partition's full vectors are copied under their new labels with no
+        # lock held (the records below the plan's labels never change).
+        moved = full.relabelled(plan.new_of) if plan is not None and full is not None else None
         with self._lock.write():
             if (
                 self.partition is part
@@ -220,7 +229,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
                 if lists is not None:
                     part.use_lists(lists)
                 if plan is not None:
-                    self.items = plan.apply(part)
+                    self.items, self.vectors = plan.apply(part), moved
 
     def _log(self, key: bytes, frame: bytes) -> None:
         """Seal and durably append one WAL record (caller holds the lock); while the key rotates,
@@ -349,8 +358,9 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         if update.set_contents:
             contents = [update.contents] * len(labels)
         norms = items.norms[labels] if items.norms.size and np.any(items.norms[labels]) else None
-        vectors = self.partition.reconstruct(labels)
-        return UpsertBatch(tuple(found), vectors, norms, tuple(metadata), tuple(contents))
+        return UpsertBatch(
+            tuple(found), self._vectors(labels), norms, tuple(metadata), tuple(contents)
+        )
 
     def _apply(self, op: str, payload: Any) -> None:
         if op == "upsert":
@@ -362,6 +372,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
                 self.partition = PartitionIndex.from_template(None, batch.vectors.shape[1])
             self.partition.remove(replaced)
             self.partition.add(labels, batch.vectors)
+            self._keep_full(labels, batch.vectors)
             if self._pending is not None:
                 self._pending.append(("remove", replaced))
                 self._pending.append(("add", (labels, batch.vectors)))
@@ -371,6 +382,22 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
                 self.partition.remove(labels)
             if self._pending is not None:
                 self._pending.append(("remove", labels))
+
+    def _keep_full(self, labels: np.ndarray, x: np.ndarray) -> None:
+        """Seal a compressed partition's new items' full vectors into its file (made with its
+        first items). If the disk refuses, the state in memory lacks them: the shard loads
+        again from the store, which holds them, on its next call."""
+        part = self.partition
+        try:
+            if self.vectors is None and part is not None and not part.is_flat:
+                if part.ntotal > len(labels):  # trained before full vectors were kept
+                    return
+                self.vectors = FullVectors(part.dimension, self.vector_dir)
+            if self.vectors is not None:
+                self.vectors.put(labels, x)
+        except OSError:
+            self._loaded = False  # (a rebuild under way then fails rather than swap in a gap)
+            raise
 
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self, key: bytes) -> None:
@@ -386,9 +413,10 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
                 if self._pending is not None:
                     return  # a rebuild is in flight; it snapshots when it swaps
                 # Writes that never pause never let the idle tidy compact: do it here, at
-                # most once per WAL roll.
+                # most once per WAL roll (not where full vectors would be copied under the
+                # lock: those wait for a pause).
                 plan = compaction.prepare(self.items, self.partition)
-                if plan is not None and self.partition is not None:
+                if plan is not None and self.partition is not None and self.vectors is None:
                     self.items = plan.apply(self.partition)
                 frame = self._capture()
                 gen = self.log.roll()
@@ -398,7 +426,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
 
     def _capture(self) -> codec.Frame:
         state = shard_state.State(
-            self.seq, self.version, self.nprobe_table, self.items, self.partition
+            self.seq, self.version, self.nprobe_table, self.items, self.partition, self.vectors
         )
         return shard_state.capture(state)
 
@@ -409,52 +437,6 @@ class Shard(ShardReads, ShardBackup, ShardMoves):
         with self._reading(key):
             size = self.resident_bytes() if footprint else 0
             return ShardStats(len(self.items), self.version, size)
-
-    # -- training swap ----------------------------------------------------------------------
-    def rebuild(
-        self,
-        key: bytes,
-        version: int,
-        template: np.ndarray,
-        nprobe_table: tuple[tuple[int, int], ...] = (),
-        batch_size: int = 65536,
-    ) -> ShardStats:
-        """Re-insert every item into a fresh index from ``template`` and swap it in atomically."""
-        with self._snapshot_lock:
-            with self._lock.write():
-                self._ensure_loaded(key)
-                if self.partition is None:  # no items yet: later ones go to the new lists
-                    self.partition = PartitionIndex.from_template(template, 0)
-                    self.version, self.nprobe_table = version, tuple(nprobe_table)
-                    frame, gen = self._capture(), self.log.roll()  # kept across a reload
-                    self.log.write_snapshot(key, frame, gen)
-                    return self.stats(key)
-                dimension = self.partition.dimension
-                labels, vectors = self.partition.entries()
-                if len(labels) != len(self.items) or not self.items.alive[labels].all():
-                    raise RuntimeError("the lists do not hold exactly the live items")
-                self._pending = []
-            fresh = PartitionIndex.from_template(template, dimension)
-            # Each list allocated once at its size (PartitionIndex.fill): lists grown entry by
-            # entry reserve up to twice their size and leave outgrown blocks in the heap.
-            fresh.fill(labels, vectors, batch_size)
-            del vectors
-            with self._lock.write():
-                assert self._pending is not None
-                for op, arg in self._pending:
-                    if op == "remove":
-                        fresh.remove(arg)
-                    else:
-                        fresh.add(*arg)
-                self.partition, self.version, self._pending = fresh, version, None
-                self.nprobe_table = tuple(nprobe_table)
-                frame = self._capture()
-                gen = self.log.roll()
-            self.log.write_snapshot(key, frame, gen)
-            del frame
-        heap.trim()  # the replaced partition's lists were freed: return their pages
-        self._wrote()  # and once more when quiet, for what was freed after this point
-        return self.stats(key)
 
     # -- key rotation (actors.control.rotation; the key state: actors.engine.shard_keys) ----
     def begin_rotation(self, key: bytes, new_key: bytes, epoch: int) -> None:

@@ -54,6 +54,7 @@ class ShardBackup:
     _lock: RWLock
     _snapshot_lock: threading.Lock
     partition: PartitionIndex | None
+    vector_dir: str
     _incoming: _Incoming | None = None
     restored: tuple[str, int] | None = None  # (backup id, items) once a backup's part is in
     _loaded: bool
@@ -124,7 +125,7 @@ class ShardBackup:
             meta, arrays = codec.unpack(frame)
             check_frame(meta, arrays, self.shard_no)
             del meta, arrays
-            state = shard_state.restore(frame)
+            state = shard_state.restore(frame, self.vector_dir)
             with self._lock.write():
                 self._ensure_loaded(key)
                 if len(self.items):

@@ -15,6 +15,7 @@ import numpy as np
 from actors import constants
 from actors.engine import fulltext, search
 from actors.engine.filters import FilterNode
+from actors.engine.fullvectors import FullVectors, rerank
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex
 from actors.engine.selection import Selections
@@ -25,6 +26,7 @@ from actors.types import Fetched, SearchRequest, SearchResult, TextHits, TextQue
 class ShardReads:
     items: ItemTable
     partition: PartitionIndex | None
+    vectors: FullVectors | None
     version: int
     nprobe_table: tuple[tuple[int, int], ...]
     threads: int
@@ -52,14 +54,39 @@ class ShardReads:
             sel = self.selections.of(self.items, part, req.filter)
             bits, n_match = sel.bits, sel.matched
             scope = search.Scope(self.version, self.nprobe_table, sel, len(self.items))
-            found = search.strategy_for(req, self.version)(part, req, bits, scope)
+            strategy = search.strategy_for(req, self.version)
+            mult = self._rerank_mult(req)
+            found = strategy(part, replace(req, k=k * mult) if mult > 1 else req, bits, scope)
             dist, labels = found.distances, found.labels
+            needed = found.needed
+            if mult > 1:  # the codes' candidates, ranked again by their full vectors
+                assert self.vectors is not None
+                dist, labels, col = rerank(self.vectors, req.queries, labels, k)
+                if needed is not None:
+                    needed = np.take_along_axis(needed, col, axis=1)
             dist[labels < 0] = np.inf
             ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
             return SearchResult(
-                dist, ids, meta, self.version, found.scanned, found.needed, found.bucket, n_match
+                dist, ids, meta, self.version, found.scanned, needed, found.bucket, n_match
             )
+
+    def _rerank_mult(self, req: SearchRequest) -> int:
+        """How many candidates per result the codes give for reranking (1: none): only a
+        partition that keeps full vectors reranks."""
+        if self.vectors is None:
+            return 1
+        mult = req.rerank_mult or constants.RERANK_MULT
+        # At most RERANK_MAX_CANDIDATES a query (a large top_k reranks fewer per result).
+        return max(1, min(mult, constants.RERANK_MAX_CANDIDATES // max(req.k, 1)))
+
+    def _vectors(self, labels: np.ndarray) -> np.ndarray:
+        """The vectors of ``labels`` in index space: the full vectors where a compressed
+        partition keeps them, else decoded from the lists."""
+        if self.vectors is not None:
+            return self.vectors.get(labels)
+        assert self.partition is not None
+        return self.partition.reconstruct(labels)
 
     def get(
         self, key: bytes, ids: Sequence[str], vectors: bool, metadata: bool, contents: bool
@@ -68,7 +95,7 @@ class ShardReads:
             found, labels = self.items.find(ids)
             vecs = None
             if vectors and self.partition is not None:
-                vecs = self.partition.reconstruct(labels)
+                vecs = self._vectors(labels)
                 if self.items.norms.size and np.any(self.items.norms[labels]):
                     vecs = vecs * self.items.norms[labels][:, None]
             return Fetched(
@@ -140,4 +167,4 @@ class ShardReads:
                 return np.zeros((0, 0), dtype=np.float32)
             if len(labels) > n:
                 labels = np.sort(np.random.default_rng(seed).choice(labels, n, replace=False))
-            return self.partition.reconstruct(labels)
+            return self._vectors(labels)

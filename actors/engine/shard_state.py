@@ -4,13 +4,15 @@ a snapshot, and an estimate of the memory they take."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from actors import constants
+from actors.engine.fullvectors import FullVectors
 from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex, read_index, serialize_frame, too_large
 from actors.storage import codec
@@ -26,6 +28,7 @@ class State:
     nprobe_table: tuple[tuple[int, int], ...]
     items: ItemTable
     partition: PartitionIndex | None
+    vectors: FullVectors | None = None  # a compressed partition's full vectors (on disk)
 
 
 def capture(state: State) -> codec.Frame:
@@ -42,15 +45,21 @@ def capture(state: State) -> codec.Frame:
         meta["dimension"] = state.partition.dimension
         arrays["index"] = serialize_frame(state.partition.index)
         arrays["radii"] = state.partition.radii.copy()
+    if state.vectors is not None:  # read from their file as the snapshot is written
+        arrays["vectors"] = state.vectors.section()
     return codec.pack_frame(meta, arrays)
 
 
-def restore(frame: codec.Buffer | Iterable[codec.Buffer]) -> State:
+def restore(frame: codec.Buffer | Iterable[codec.Buffer], vector_dir: str = "") -> State:
     """The state in ``frame``: one buffer, or its consecutive chunks, each read once and
     released as the lists are read from it (a snapshot loaded from the store is never held
-    whole)."""
+    whole); full vectors go to a new file in ``vector_dir``."""
     chunks = [frame] if isinstance(frame, (bytes, bytearray, memoryview)) else frame
-    meta, arrays = codec.unpack_stream(codec.Reader(chunks), {"index": read_index}, copy=True)
+    read_as: dict[str, Callable[[codec.Reader, int], Any]] = {
+        "index": read_index,
+        "vectors": partial(FullVectors.read, directory=vector_dir),
+    }
+    meta, arrays = codec.unpack_stream(codec.Reader(chunks), read_as, copy=True)
     partition = None
     if "index" in arrays:
         partition = PartitionIndex(arrays.pop("index"))
@@ -59,6 +68,7 @@ def restore(frame: codec.Buffer | Iterable[codec.Buffer]) -> State:
         seq=meta["seq"],
         version=meta["version"],
         nprobe_table=tuple(tuple(p) for p in meta.get("nprobe_table", ())),
+        vectors=arrays.pop("vectors", None),
         items=ItemTable.from_arrays(arrays, meta["next_label"]),
         partition=partition,
     )

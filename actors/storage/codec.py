@@ -16,14 +16,44 @@ import orjson
 Buffer = bytes | bytearray | memoryview
 
 
+class Stream:
+    """A piece of a frame whose bytes are made only as the frame is read (``pieces()``, which
+    must give exactly ``nbytes``): a section too large to hold in memory, such as a partition's
+    full vectors read back from their file (actors.engine.fullvectors)."""
+
+    def __init__(self, nbytes: int, pieces: Callable[[], Iterable[Buffer]]) -> None:
+        self.nbytes = nbytes
+        self.pieces = pieces
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def views(self) -> Iterator[memoryview]:
+        made = 0
+        for piece in self.pieces():
+            view = memoryview(piece).cast("B")
+            made += len(view)
+            yield view
+        if made != self.nbytes:
+            raise ValueError(f"a streamed piece gave {made} bytes, not {self.nbytes}")
+
+
 class Frame:
     """A frame as the pieces it is made of, never joined into one buffer: a snapshot of a
     shard holding gigabytes is sealed and written chunk by chunk from it (the pieces reference
-    the arrays they were packed from, which must not change while the frame is in use)."""
+    the arrays they were packed from, which must not change while the frame is in use; a
+    :class:`Stream` is read when the frame is)."""
 
-    def __init__(self, pieces: Sequence[Buffer]) -> None:
-        self.pieces = [memoryview(p).cast("B") for p in pieces]
+    def __init__(self, pieces: Sequence[Buffer | Stream]) -> None:
+        self.pieces = [p if isinstance(p, Stream) else memoryview(p).cast("B") for p in pieces]
         self.nbytes = sum(len(p) for p in self.pieces)
+
+    def _views(self) -> Iterator[memoryview]:
+        for piece in self.pieces:
+            if isinstance(piece, Stream):
+                yield from piece.views()
+            else:
+                yield piece
 
     def chunk_pieces(self, size: int) -> Iterator[list[memoryview]]:
         """The frame in consecutive chunks of ``size`` bytes (the last: the rest; at least
@@ -32,7 +62,7 @@ class Frame:
             raise ValueError("chunk size must be positive")
         chunk: list[memoryview] = []
         room = size
-        for view in self.pieces:
+        for view in self._views():
             while len(view):
                 take = view[:room]
                 chunk.append(take)
@@ -50,7 +80,7 @@ class Frame:
             yield parts[0] if len(parts) == 1 else b"".join(parts)
 
     def tobytes(self) -> bytes:
-        return b"".join(self.pieces)
+        return b"".join(self._views())
 
 
 class Reader:
@@ -93,7 +123,7 @@ class Reader:
 def pack_frame(meta: dict[str, Any], arrays: Mapping[str, np.ndarray | Frame]) -> Frame:
     """``meta`` and ``arrays`` as a :class:`Frame` (a Frame value: raw bytes, as uint8)."""
     specs: list[list[Any]] = []
-    bodies: list[Buffer] = []
+    bodies: list[Buffer | Stream] = []
     for name, arr in arrays.items():
         if isinstance(arr, Frame):
             specs.append([name, "|u1", [arr.nbytes]])

@@ -55,6 +55,7 @@ def test_a_search_request_comes_back_field_for_field(nq: int) -> None:
         parse_filter({"tag": {"$in": ["a", "b"]}, "n": {"$gte": 2}}),
         False,
         Probing("measure", 4, 3, (0.25, 0.5), (1.0, 1.5, 2.0)),
+        7,
     )
     assert_no_defaults(req)
     assert_same(unpack_request(pack(req)), req)

@@ -50,7 +50,9 @@ def test_sharded_equals_unsharded(tmp_path, index_type: str, n_shards: int) -> N
     reference.nprobe = nprobe
     ref_d, ref_i = reference.search_preassigned(queries, k, lists, coarse)
 
-    req = SearchRequest(queries, k, 1, lists, coarse)
+    # The codes' ranking alone (ivf and ivfpq shards rerank by full vectors unless told not to:
+    # tests/unit/test_full_vectors.py), to compare with faiss's.
+    req = SearchRequest(queries, k, 1, lists, coarse, rerank_mult=1)
     hits = merge([s.search(KEY, req) for s in shards], k, with_metadata=False)
     expected_ids = [[ids[j] if j >= 0 else None for j in row] for row in ref_i]
     assert hits.ids.tolist() == expected_ids
