@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from serve_app.models import HybridFields, IndexRequest, Model, QueryInclude
+from serve_app.models import HybridFields, IndexRequest, Model, QueryInclude, RerankMult
 
 # -- compact array forms (/v1/vectors/query_arrays, /v1/vectors/upsert_arrays) -------------
 Shape = Annotated[
@@ -29,6 +29,7 @@ class ArraysQueryRequest(IndexRequest):
     shape: Shape
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    rerank_mult: RerankMult = None
     greedy: bool | None = None
     filters: dict[str, Any] | None = None
     include: list[ArraysInclude] | None = Field(None, description='default ["distance","metadata"]')
@@ -98,6 +99,7 @@ class BinaryQueryRequest(HybridFields, IndexRequest):
     batch: BinaryQueryBatch
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    rerank_mult: RerankMult = None
     greedy: bool | None = None
     filters: dict[str, Any] | None = None
     include: list[QueryInclude] | None = Field(

@@ -40,6 +40,15 @@ IndexKey = Annotated[
 ]
 Vector = list[float]
 Matrix = list[list[float]]
+RerankMult = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=100,
+        description="ivf/ivfpq: candidates per result the codes give for reranking by the full "
+        "vectors; default 10 (1 = no rerank)",
+    ),
+]
 PAGE_LIMIT = 10_000  # items a cursor's page may ask for
 
 
@@ -217,6 +226,7 @@ class QueryRequest(HybridFields, IndexRequest):
     )
     top_k: int | None = Field(None, description="default 100")
     n_probes: int | None = Field(None, ge=0, description="0 or null = automatic")
+    rerank_mult: RerankMult = None
     greedy: bool | None = None
     filters: dict[str, Any] | None = None
     include: list[QueryInclude] | None = Field(
@@ -472,28 +482,3 @@ class ErrorResponse(Model):
     status_code: int
     detail: str
     errors: list[dict[str, Any]] | None = None
-
-
-# -- per-index users (CyborgDB 0.17's RBAC routes) --------------------------------------------
-Permission = Literal["read", "write"]
-
-
-class CreateUserRequest(Model):
-    permissions: list[Permission] = Field(
-        min_length=1, max_length=2, description='a non-empty subset of ["read", "write"]'
-    )
-    index_key: IndexKey | None = None
-
-
-class CreateUserResponse(Model):
-    user_id: str
-    api_key: str = Field(description="the user's key: returned this once, never stored")
-
-
-class UserInfo(Model):
-    user_id: str
-    permissions: list[str]
-
-
-class ListUsersResponse(Model):
-    users: list[UserInfo]

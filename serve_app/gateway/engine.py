@@ -313,7 +313,9 @@ class Engine(Measuring):
         t = stages.now()
         lists, coarse = self.plan(cv, x, nprobe)
         t = stages.lap("plan", t)
-        req = SearchRequest(x, k, cfg.version, lists, coarse, q.filter, q.with_metadata, probing)
+        req = SearchRequest(
+            x, k, cfg.version, lists, coarse, q.filter, q.with_metadata, probing, q.rerank_mult
+        )
         search = ShardClient.searching(cv.key, req, len(cv.shards))
         parts: list[SearchResult] = await self.fan_out(
             cv, [(s, search) for s in range(len(cv.shards))]

@@ -57,6 +57,7 @@ class Query:
     filter: FilterNode | None = None
     greedy: bool = False
     with_metadata: bool = True
+    rerank_mult: int = 0  # 0 = the partitions' default
 
 
 def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:

@@ -14,15 +14,12 @@ from serve_app.http.errors_doc import BODY_ERRORS, CONFLICT, ERRORS
 from serve_app.http.gate import require_api_key
 from serve_app.models import (
     CreateIndexRequest,
-    CreateUserRequest,
-    CreateUserResponse,
     DescribeResponse,
     EmbeddingModelsResponse,
     ErrorResponse,
     IndexName,
     IndexRequest,
     ListIndexesResponse,
-    ListUsersResponse,
     RotateKeyRequest,
     StatusResponse,
     TrainingStatusResponse,
@@ -30,6 +27,7 @@ from serve_app.models import (
 )
 from serve_app.replica import services
 from serve_app.service import indexes, users
+from serve_app.user_models import CreateUserRequest, CreateUserResponse, ListUsersResponse
 
 BUSY: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "The index is training or rotating its key"}

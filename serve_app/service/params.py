@@ -21,6 +21,7 @@ from serve_app.gateway.hits import Query
 from serve_app.models import UpsertRequest
 
 DEFAULT_TOP_K = 100
+MAX_RERANK_MULT = 100  # candidates per result a query may ask to rerank (rerank_mult)
 DEFAULT_QUERY_INCLUDE = ("distance", "metadata")
 QUERY_INCLUDE = ("distance", "metadata", "vector", "contents")  # JSON and binary answers
 COMPACT_INCLUDE = ("distance", "metadata")  # the compact answer (arrays route, Ray transport)
@@ -185,6 +186,8 @@ class QueryFields(Protocol):
     @property
     def n_probes(self) -> int | None: ...
     @property
+    def rerank_mult(self) -> int | None: ...
+    @property
     def filters(self) -> Any: ...
     @property
     def greedy(self) -> bool | None: ...
@@ -203,6 +206,7 @@ class QueryArgs:
     filters: Any = None
     greedy: bool | None = None
     include: Sequence[str] | None = None
+    rerank_mult: int | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,7 @@ class QueryParams:
     filter: FilterNode | None
     greedy: bool
     fields: Fields  # as asked: Fields.on drops what the index cannot return
+    rerank_mult: int = 0  # 0 = the partition's default (actors.constants.RERANK_MULT)
 
     @classmethod
     def of(
@@ -232,12 +237,22 @@ class QueryParams:
             raise InvalidRequest("n_probes must be >= 0 (0 = automatic)")
         node = parse_filter(body.filters)
         n_probes, greedy = body.n_probes or 0, bool(body.greedy)
-        return cls(body.index_name, body.index_key, top_k, n_probes, node, greedy, fields)
+        rerank = body.rerank_mult or 0
+        if not 0 <= rerank <= MAX_RERANK_MULT:
+            raise InvalidRequest(f"rerank_mult must be between 1 and {MAX_RERANK_MULT}")
+        return cls(body.index_name, body.index_key, top_k, n_probes, node, greedy, fields, rerank)
 
     @property
     def query(self) -> Query:
         """The engine's form of these parameters."""
-        return Query(self.top_k, self.n_probes, self.filter, self.greedy, self.fields.metadata)
+        return Query(
+            self.top_k,
+            self.n_probes,
+            self.filter,
+            self.greedy,
+            self.fields.metadata,
+            self.rerank_mult,
+        )
 
 
 # An upsert's vectors: a (n, d) float32 matrix, or (JSON items) each item's vector, None where
