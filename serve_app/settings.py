@@ -181,6 +181,11 @@ class Settings(BaseSettings):
         le=1000,
         description="a shard snapshot larger than this is stored in chunks of this many MiB",
     )
+    vector_dir: str = Field(
+        ENGINE.vector_dir,
+        description="directory where ivf/ivfpq partitions keep their full vectors for "
+        "reranking, sealed, in unnamed files; empty: the system's temporary directory",
+    )
     idle_ttl_s: float = Field(
         ENGINE.idle_ttl_s, ge=0, description="unload partitions idle this long; 0 = never"
     )

@@ -28,6 +28,9 @@ class EngineOptions:
     shard_max_concurrency: int = 16
     wal_max_records: int = 256
     snapshot_chunk_mb: int = constants.SNAPSHOT_CHUNK_BYTES >> 20
+    # Where ivf/ivfpq partitions keep their full vectors, sealed, in unnamed files ("": the
+    # system's temporary directory).
+    vector_dir: str = ""
     auto_train_threshold: int = 10_000
     retrain_factor: float = 4.0
     recall_target: float = 0.95

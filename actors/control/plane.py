@@ -64,6 +64,7 @@ class ControlPlane(PlaneMetrics, Rebalancing):
             max_concurrency=options.shard_max_concurrency,
             wal_max_records=options.wal_max_records,
             snapshot_chunk_bytes=options.snapshot_chunk_mb << 20,
+            vector_dir=options.vector_dir,
             threads=options.shard_threads,
             start_timeout_s=options.shard_start_timeout_s,
         )

@@ -78,6 +78,7 @@ class PoolOptions:
     idle_ttl_s: float = 0.0  # 0 = never
     wal_max_records: int = 256
     snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES
+    vector_dir: str = ""  # where ivf/ivfpq partitions keep full vectors ("": temp)
     threads: int = 0  # 0 = the node's CPUs (actors.process.cpus.node_cpus)
 
 
@@ -134,6 +135,7 @@ class ShardPool(PoolMoves):
                     p.shard_no,
                     wal_max_records=self.options.wal_max_records,
                     snapshot_chunk_bytes=self.options.snapshot_chunk_bytes,
+                    vector_dir=self.options.vector_dir,
                     threads=self.threads,
                 )
                 self._hosted[slot] = shard

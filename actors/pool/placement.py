@@ -73,6 +73,7 @@ class Pool:
         max_concurrency: int = 16,
         wal_max_records: int = 256,
         snapshot_chunk_bytes: int = constants.SNAPSHOT_CHUNK_BYTES,
+        vector_dir: str = "",
         threads: int = 0,
         start_timeout_s: float = 60.0,
     ) -> None:
@@ -85,6 +86,7 @@ class Pool:
         self.max_concurrency = max_concurrency
         self.wal_max_records = wal_max_records
         self.snapshot_chunk_bytes = snapshot_chunk_bytes
+        self.vector_dir = vector_dir
         self.threads = threads
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
@@ -191,6 +193,7 @@ class Pool:
             idle_ttl_s=self.idle_ttl_s,
             wal_max_records=self.wal_max_records,
             snapshot_chunk_bytes=self.snapshot_chunk_bytes,
+            vector_dir=self.vector_dir,
             threads=self.threads,
         )
         return PoolActor.options(

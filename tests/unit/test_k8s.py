@@ -648,3 +648,18 @@ def test_prod_serves_https_with_the_tls_secret() -> None:
         assert spec["securityContext"]["fsGroup"] == 100, name
         if name != "head":
             assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS", name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_containers_keep_full_vectors_on_local_disk(overlay: str) -> None:
+    """ivf/ivfpq partitions' full vectors (actors.engine.fullvectors) go to an emptyDir on the
+    node's disk, not memory (a memory-backed one would count them against the pod's limit),
+    in every Ray container and beside the tls component's volume."""
+    for name, template in pod_templates(rayservice(overlay)).items():
+        spec = template["spec"]
+        container = spec["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "vectors"]
+        assert "medium" not in volume["emptyDir"], f"{overlay} {name}"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "vectors"]
+        assert env["VAULTVEC_VECTOR_DIR"] == mount["mountPath"], f"{overlay} {name}"
