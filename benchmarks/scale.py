@@ -23,8 +23,9 @@ upserted over the compact array route in requests of 20,000, then the index is t
   and until the first query is answered, and the PSS once it has answered.
 
 Raw faiss, in this process before the service starts: an IndexIVFFlat (IndexIVFScalarQuantizer
-or IndexIVFPQ for ``--index-type``) with the same n_lists trained by faiss's own defaults, the
-same threads; its training and add times, resident bytes (RSS growth of this process), single
+or IndexIVFPQ for ``--index-type``, under an IndexRefineFlat that reranks 10 candidates per
+result by the full vectors it keeps in memory, as vaultvec reranks by the ones it keeps sealed
+on disk) with the same n_lists trained by faiss's own defaults, the same threads; its training and add times, resident bytes (RSS growth of this process), single
 p50/p99 and batch QPS at the smallest n_probes reaching recall@10 0.95 on these queries, and
 that recall.
 
@@ -39,6 +40,7 @@ import contextlib
 import gc
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -52,12 +54,15 @@ import numpy as np
 import orjson
 
 from actors.control.training import auto_n_lists
+from actors.engine.ivf import SQ_TYPES
 from cluster.client import Client, generate_key
+from serve_app.service.indexes import PRECISIONS
 
 K = 10
 BATCH_ROWS = 20_000  # items per upsert request
 LEARN, LEARN_BATCH = 400, 50
 TARGET = 0.95
+RERANK_MULT = 10  # vaultvec's default (actors.constants.RERANK_MULT)
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -109,16 +114,28 @@ def rss_bytes() -> int:
 
 # -- raw faiss -----------------------------------------------------------------------------------
 def raw_faiss(
-    x: np.ndarray, q: np.ndarray, truth: np.ndarray, n_lists: int, index_type: str, batch: int
+    x: np.ndarray,
+    q: np.ndarray,
+    truth: np.ndarray,
+    n_lists: int,
+    index_type: str,
+    batch: int,
+    pq_dim: int = 0,
+    sq_bits: int | None = None,
 ) -> dict[str, Any]:
     d = x.shape[1]
     quantizer = faiss.IndexFlatL2(d)
     if index_type == "ivfflat":
         index: faiss.IndexIVF = faiss.IndexIVFFlat(quantizer, d, n_lists)
     elif index_type == "ivf":
-        index = faiss.IndexIVFScalarQuantizer(quantizer, d, n_lists, faiss.ScalarQuantizer.QT_8bit)
+        qtype = SQ_TYPES[sq_bits or 8]
+        index = faiss.IndexIVFScalarQuantizer(quantizer, d, n_lists, qtype)
     else:
-        index = faiss.IndexIVFPQ(quantizer, d, n_lists, min(64, d // 2), 8)
+        index = faiss.IndexIVFPQ(quantizer, d, n_lists, pq_dim or min(64, d // 2), 8)
+    ivf = index
+    if index_type != "ivfflat":  # codes' candidates reranked by the full vectors, as vaultvec
+        index = faiss.IndexRefineFlat(ivf)
+        index.k_factor = RERANK_MULT
     before = rss_bytes()
     t0 = time.perf_counter()
     rows = np.random.default_rng(5).choice(len(x), min(len(x), n_lists * 256), replace=False)
@@ -131,7 +148,7 @@ def raw_faiss(
     resident = rss_bytes() - before
     nprobe, r = 1, 0.0
     while nprobe <= n_lists:  # the smallest power-of-two-then-bisected n_probes reaching 0.95
-        index.nprobe = nprobe
+        ivf.nprobe = nprobe
         r = common.recall_at_k(index.search(q, K)[1], truth, K)
         if r >= TARGET:
             break
@@ -139,12 +156,12 @@ def raw_faiss(
     lo_p, hi_p = nprobe // 2, min(nprobe, n_lists)
     while hi_p - lo_p > 1:
         mid = (lo_p + hi_p) // 2
-        index.nprobe = mid
+        ivf.nprobe = mid
         if common.recall_at_k(index.search(q, K)[1], truth, K) >= TARGET:
             hi_p = mid
         else:
             lo_p = mid
-    index.nprobe = hi_p
+    ivf.nprobe = hi_p
     r = common.recall_at_k(index.search(q, K)[1], truth, K)
     singles = []
     for row in q:
@@ -163,7 +180,7 @@ def raw_faiss(
         "p99_ms": common.pct(singles, 99),
         "batch_qps": batch / best,
     }
-    del index, quantizer
+    del index, ivf, quantizer
     gc.collect()
     return out
 
@@ -191,8 +208,22 @@ def pss(service: footprint.Service) -> tuple[int, int]:
     return sum(p.pss for p in procs), sum(p.pss for p in procs if p.kind == "vaultvec: shards")
 
 
-def query_body(name: str, key: str, q: np.ndarray) -> bytes:
-    return common.query_body(name, key, q, K, include=["distance"])
+def query_body(name: str, key: str, q: np.ndarray, rerank_mult: int = 0) -> bytes:
+    body = common.query_body(name, key, q, K, include=["distance"])
+    if not rerank_mult:
+        return body
+    return orjson.dumps({**orjson.loads(body), "rerank_mult": rerank_mult})
+
+
+def singles(client: Client, bodies: list[bytes], truth: np.ndarray) -> tuple[float, float, float]:
+    """(p50 ms, p99 ms, recall@10) of ``bodies`` sent one at a time."""
+    took, found = [], np.full((len(bodies), K), -1, dtype=np.int64)
+    for i, b in enumerate(bodies):
+        t = time.perf_counter()
+        res = common.query(client, b)
+        took.append((time.perf_counter() - t) * 1000)
+        found[i, : len(res[0])] = [int(e["id"][1:]) for e in res[0]]
+    return common.pct(took, 50), common.pct(took, 99), common.recall_at_k(found, truth, K)
 
 
 def first_answer(url: str, api_key: str, body: bytes, timeout_s: float = 600.0) -> float:
@@ -216,7 +247,8 @@ def run_service(
     service)."""
     out: dict[str, Any] = {}
     n, dim = args.n, args.dim
-    env = {"VAULTVEC_AUTO_TRAIN_THRESHOLD": str(10**12)}
+    vector_dir = tempfile.mkdtemp(prefix="vaultvec-vectors-")
+    env = {"VAULTVEC_AUTO_TRAIN_THRESHOLD": str(10**12), "VAULTVEC_VECTOR_DIR": vector_dir}
     with store_url(args.store) as url:
         svc = footprint.start(env, storage=url)
         try:
@@ -224,7 +256,20 @@ def run_service(
             time.sleep(args.settle)
             out["idle_pss"] = pss(svc)[0]
             key = generate_key()
-            idx = client.create_index("scale", key, index_type=args.index_type, dimension=dim)
+            if args.precision:  # CyborgDB's form: diskivf at a storage precision
+                body = {"index_name": "scale", "index_key": key, "dimension": dim}
+                body["storage_precision"] = args.precision
+                with httpx.Client(base_url=svc.url, headers={"X-API-Key": svc.api_key}) as http:
+                    http.post("/v1/indexes/create", json=body).raise_for_status()
+                idx = client.index("scale", key)
+            else:
+                idx = client.create_index(
+                    "scale",
+                    key,
+                    index_type=args.index_type,
+                    dimension=dim,
+                    pq_dim=args.pq_dim or None,
+                )
             time.sleep(args.settle)
             idle = pss(svc)  # the shard actors up, the index empty
             t0, at = time.perf_counter(), 0
@@ -249,25 +294,22 @@ def run_service(
             time.sleep(args.settle)
             total, shards = pss(svc)
             out["bytes_per_vector"] = (total - idle[0]) / n
+            out["disk_bytes_per_vector"] = unnamed_file_bytes(svc, vector_dir) / n
             out["shard_bytes_per_vector"] = (shards - idle[1]) / n
             for lo in range(0, len(learn), LEARN_BATCH):
                 idx.query(learn[lo : lo + LEARN_BATCH], K, include=["distance"])
                 common.settle(idx)
             bodies = [query_body("scale", key, q[i : i + 1]) for i in range(len(q))]
-            singles, found = [], np.full((len(q), K), -1, dtype=np.int64)
-            for i, b in enumerate(bodies):
-                t = time.perf_counter()
-                res = common.query(client, b)
-                singles.append((time.perf_counter() - t) * 1000)
-                found[i, : len(res[0])] = [int(e["id"][1:]) for e in res[0]]
-            out["p50_ms"], out["p99_ms"] = common.pct(singles, 50), common.pct(singles, 99)
+            out["p50_ms"], out["p99_ms"], out["recall"] = singles(client, bodies, truth)
+            for m in args.rerank_mult:  # ivf/ivfpq: more candidates reranked per result
+                asked = [query_body("scale", key, q[i : i + 1], m) for i in range(len(q))]
+                out[f"rerank_{m}"] = singles(client, asked, truth)
             out["health_p50_ms"] = common.pct(
                 [1000 * footprint.timed(partial(common.health, client)) for _ in range(200)], 50
             )
-            out["recall"] = common.recall_at_k(found, truth, K)
             qb = np.resize(q, (args.batch, dim))
-            body = query_body("scale", key, qb)
-            best = min(footprint.timed(lambda: common.query(client, body)) for _ in range(3))
+            batch = query_body("scale", key, qb)
+            best = min(footprint.timed(lambda: common.query(client, batch)) for _ in range(3))
             out["batch_qps"] = args.batch / best
             out["lists_per_query"] = (idx.describe().get("recall") or {}).get(
                 "lists_scanned_per_query"
@@ -292,7 +334,26 @@ def run_service(
             out["shard_bytes_per_vector_restarted"] = (shards - idle[1]) / n
         finally:
             footprint.stop(svc)
+            os.rmdir(vector_dir)  # (empty: the files had no name)
     return out
+
+
+def unnamed_file_bytes(service: footprint.Service, directory: str) -> int:
+    """Bytes of the unnamed files in ``directory`` that the service's processes hold open: the
+    ivf/ivfpq partitions' sealed full vectors (actors.engine.fullvectors); on disk, not
+    resident."""
+    total, seen = 0, set()
+    for p in footprint.snapshot(service.proc.pid, service.ray_tmp):
+        fds = f"/proc/{p.pid}/fd"
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"{fds}/{fd}").startswith(directory + "/"):
+                        st = os.stat(f"{fds}/{fd}")
+                        if (st.st_dev, st.st_ino) not in seen:
+                            seen.add((st.st_dev, st.st_ino))
+                            total += st.st_size
+    return total
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -329,6 +390,7 @@ def report(args: argparse.Namespace, svc: dict[str, Any], raw: dict[str, Any]) -
         row("  after a restart", *bpv("bytes_per_vector_restarted")),
         row("  shard actors' bytes per vector", *bpv("shard_bytes_per_vector")),
         row("  the same after a restart", *bpv("shard_bytes_per_vector_restarted")),
+        row("full vectors on local disk, bytes per vector", *bpv("disk_bytes_per_vector")),
         row("restart: healthy, s", svc["restart_healthy_s"], None, ".1f"),
         row("restart: first query answered, s", svc["restart_first_query_s"], None, ".1f"),
         row("GET /v1/health p50, ms (for scale)", svc["health_p50_ms"], None, ".2f"),
@@ -338,10 +400,16 @@ def report(args: argparse.Namespace, svc: dict[str, Any], raw: dict[str, Any]) -
         row("lists scanned per query", svc["lists_per_query"], raw["n_probes"], ".1f"),
         row("recall@10", svc["recall"], raw["recall"], ".4f"),
     ]
+    for m in args.rerank_mult:
+        p50, p99, r = svc[f"rerank_{m}"]
+        rows.append(row(f"rerank_mult {m}: single query p50, ms", p50, None, ".2f"))
+        rows.append(row(f"rerank_mult {m}: single query p99, ms", p99, None, ".2f"))
+        rows.append(row(f"rerank_mult {m}: recall@10", r, None, ".4f"))
     common.print_table(
         ["measure", "vaultvec", "raw faiss", "vaultvec / faiss"],
         rows,
-        title=f"{n:,} × {dim} {args.index_type}, {svc['n_lists']} lists, store {args.store}",
+        title=f"{n:,} × {dim} {args.index_type} {args.precision or ''}, {svc['n_lists']} lists, "
+        f"store {args.store}",
     )
 
 
@@ -351,6 +419,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--n-lists", type=int, default=0, help="0: automatic")
     ap.add_argument("--index-type", default="ivfflat", choices=["ivfflat", "ivf", "ivfpq"])
+    ap.add_argument("--pq-dim", type=int, default=0, help="ivfpq sub-quantizers; 0: default")
+    ap.add_argument(
+        "--precision",
+        choices=["float16", "tq12", "tq8", "tq6", "tq4"],
+        help="create as CyborgDB does, with this storage_precision (an ivf index; raw faiss: "
+        "the same scalar quantizer)",
+    )
+    ap.add_argument(
+        "--rerank-mult",
+        type=int,
+        action="append",
+        default=[],
+        help="ivf/ivfpq: single queries again at this rerank_mult (repeatable)",
+    )
     ap.add_argument("--store", default="file", choices=["file", "postgres"])
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--batch", type=int, default=1000)
@@ -367,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     truth = exact_top(x, q, K)
     print(f"data and exact answers in {time.perf_counter() - t0:.1f}s", flush=True)
     n_lists = args.n_lists or auto_n_lists(args.n)
-    raw = raw_faiss(x, q, truth, n_lists, args.index_type, args.batch)
+    if args.precision:
+        args.index_type, sq_bits = PRECISIONS[args.precision]
+    else:
+        sq_bits = None
+    raw = raw_faiss(x, q, truth, n_lists, args.index_type, args.batch, args.pq_dim, sq_bits)
     print(f"raw faiss: {raw}", flush=True)
     del x
     gc.collect()
