@@ -172,7 +172,7 @@ class FullVectors:
         by block (the plaintext is never held whole)."""
         head = bytes(reader.read(_HEADER))
         dimension, count = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
-        if len(head) != _HEADER or nbytes != _HEADER + count * 4 * dimension:
+        if len(head) != _HEADER or dimension < 1 or nbytes != _HEADER + count * 4 * dimension:
             raise ValueError("full vectors' section length does not match its header")
         out = cls(dimension, directory)
         for start in range(0, count, BLOCK_ROWS):

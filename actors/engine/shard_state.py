@@ -64,6 +64,9 @@ def restore(frame: codec.Buffer | Iterable[codec.Buffer], vector_dir: str = "") 
     if "index" in arrays:
         partition = PartitionIndex(arrays.pop("index"))
         partition.radii = arrays["radii"].copy()
+    full = arrays.get("vectors")
+    if full is not None and (partition is None or full.dimension != partition.dimension):
+        raise ValueError("full vectors whose dimension is not the partition's")
     return State(
         seq=meta["seq"],
         version=meta["version"],

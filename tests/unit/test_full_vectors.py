@@ -15,6 +15,7 @@ import orjson
 import pytest
 from cryptography.exceptions import InvalidTag
 
+from actors import constants
 from actors.control.training import TrainParams, train_template
 from actors.engine import compaction, updates
 from actors.engine.filters import parse_filter
@@ -22,7 +23,7 @@ from actors.engine.fullvectors import FullVectors, rerank
 from actors.engine.ivf import serialize
 from actors.engine.shard import Shard
 from actors.storage import codec
-from actors.types import SearchRequest, UpsertBatch
+from actors.types import BackupSource, SearchRequest, UpsertBatch
 from tests.helpers import clustered, exact_knn
 
 KEY = bytes(range(32))
@@ -172,7 +173,12 @@ def test_full_vectors_survive_replay_snapshot_retraining_and_compaction(
 def test_an_update_keeps_the_exact_vector_not_its_code(tmp_path: Path) -> None:
     x = clustered(3000, D, n_clusters=10, seed=7)
     shard = pq_shard(tmp_path, x)
-    shard.update(KEY, parse_filter({"n": 5}), None, updates.parse_update({"$set": {"tag": "a"}}, None, False, 0))
+    shard.update(
+        KEY,
+        parse_filter({"n": 5}),
+        None,
+        updates.parse_update({"$set": {"tag": "a"}}, None, False, 0),
+    )
     got = shard.get(KEY, ["id5"], True, True, False)
     assert got.vectors is not None and got.metadata is not None
     np.testing.assert_array_equal(got.vectors[0], x[5])
@@ -209,3 +215,20 @@ def test_items_deleted_last_before_the_training_need_no_record(tmp_path: Path) -
     assert shard.stats(KEY).count == 2990
     got = shard.get(KEY, ["id2989"], True, False, False).vectors
     np.testing.assert_array_equal(got, x[[2989]])
+
+
+def test_a_backup_restores_the_full_vectors_into_the_shards_vector_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = clustered(3000, D, n_clusters=10, seed=10)
+    src = pq_shard(tmp_path / "a", x, n_lists=8)
+    monkeypatch.setattr(constants, "BACKUP_CHUNK_BYTES", 64 << 10)
+    parts = list(src.backup(KEY, "b" * 32))
+    new_key = bytes(range(1, 33))
+    dst = Shard(f"file://{tmp_path / 'b'}", "dst", "id1", 0, vector_dir=str(tmp_path))
+    source = BackupSource("idx", "b" * 32, KEY)
+    for n, (total, _, blob) in enumerate(parts):
+        done = dst.restore_chunk(new_key, source, n, total, blob)
+    assert done == 3000 and dst.vectors is not None and dst.vectors.directory == str(tmp_path)
+    got = dst.get(new_key, ["id7", "id2999"], True, False, False).vectors
+    np.testing.assert_array_equal(got, x[[7, 2999]])
