@@ -45,6 +45,7 @@ class Index(IndexPlans[Runner]):
         greedy: bool | None = None,
         include: Sequence[str] | None = None,
         binary: bool | None = None,
+        rerank_mult: int | None = None,
         text: str | None = None,
         text_fields: Sequence[str] | None = None,
         text_field_weights: Sequence[float] | None = None,
@@ -59,8 +60,9 @@ class Index(IndexPlans[Runner]):
         pair), vector and contents; asking for vector or contents sends the query to the JSON
         route, the only one that returns them. With ``text`` the query is hybrid: a BM25 leg
         over the index's full_text fields fused with the vector leg (``alpha`` 0 = BM25 only,
-        1 = vectors only; ``rrf_k``, ``window_mult``), ranked by ``scores`` (JSON route). See
-        ``QueryResult``."""
+        1 = vectors only; ``rrf_k``, ``window_mult``), ranked by ``scores`` (JSON route).
+        ``rerank_mult``: on ivf/ivfpq indexes, candidates per result reranked by the full
+        vectors (server default 10). See ``QueryResult``."""
         return self.client.run(
             self._query(
                 vectors,
@@ -68,6 +70,7 @@ class Index(IndexPlans[Runner]):
                 top_k,
                 binary,
                 n_probes=n_probes,
+                rerank_mult=rerank_mult,
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),
@@ -233,6 +236,7 @@ class AsyncIndex(IndexPlans[AsyncRunner]):
         greedy: bool | None = None,
         include: Sequence[str] | None = None,
         binary: bool | None = None,
+        rerank_mult: int | None = None,
         text: str | None = None,
         text_fields: Sequence[str] | None = None,
         text_field_weights: Sequence[float] | None = None,
@@ -248,6 +252,7 @@ class AsyncIndex(IndexPlans[AsyncRunner]):
                 top_k,
                 binary,
                 n_probes=n_probes,
+                rerank_mult=rerank_mult,
                 filters=filters,
                 greedy=greedy,
                 include=None if include is None else list(include),

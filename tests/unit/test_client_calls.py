@@ -293,7 +293,9 @@ def test_text_query_sends_query_contents_and_gives_flat_results(server: FakeServ
     with client_for(server) as c:
         idx = c.index("i", "ab" * 32)
         idx.upsert(ids, contents=TEXTS[:30])
-        r = idx.query(contents=TEXTS[4], top_k=3, n_probes=2, filters={"n": {"$gt": 1}})
+        r = idx.query(
+            contents=TEXTS[4], top_k=3, n_probes=2, filters={"n": {"$gt": 1}}, rerank_mult=20
+        )
     assert server.paths[-1] == "/v1/vectors/query"
     assert server.bodies[-1] == {
         "index_name": "i",
@@ -301,6 +303,7 @@ def test_text_query_sends_query_contents_and_gives_flat_results(server: FakeServ
         "query_contents": TEXTS[4],
         "top_k": 3,
         "n_probes": 2,
+        "rerank_mult": 20,
         "filters": {"n": {"$gt": 1}},
     }
     assert r.ids.shape == (3,) and r.ids[0] == "t4" and list(r.counts) == [3]
