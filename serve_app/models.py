@@ -119,9 +119,10 @@ class CreateIndexRequest(IndexRequest):
     n_lists: int | None = Field(None, ge=0, description="as index_config.n_lists")
     storage_precision: StoragePrecision | None = Field(
         None,
-        description="diskivf: float32 (default) keeps original vectors (ivfflat); float16, "
-        "tq12, tq8, tq6, tq4 scalar-quantised codes (ivf) of 16, 16, 8, 6 and 4 bits a "
-        "dimension (tq12 is stored as fp16: faiss has no 12-bit quantizer)",
+        description="diskivf: float32 (default) keeps original vectors in memory (ivfflat); "
+        "float16, tq12, tq8, tq6, tq4 scalar-quantised codes (ivf) of 16, 16, 8, 6 and 4 bits "
+        "a dimension (tq12 is stored as fp16: faiss has no 12-bit quantizer), the originals "
+        "on disk for reranking",
     )
     metric: Metric | None = Field(
         None, description="euclidean (default), squared_euclidean, cosine"
@@ -231,16 +232,13 @@ class QueryRequest(HybridFields, IndexRequest):
     filters: dict[str, Any] | None = None
     include: list[QueryInclude] | None = Field(
         None,
-        description='default ["distance","metadata"]; distance is always returned; vector '
-        "only on ivfflat indexes",
+        description='default ["distance","metadata"]; distance is always returned',
     )
 
 
 class GetRequest(IndexRequest):
     ids: list[str] = Field(description="unknown ids are omitted; a repeated id is returned once")
-    include: list[GetInclude] | None = Field(
-        None, description="default: every field the index keeps (vector only on ivfflat)"
-    )
+    include: list[GetInclude] | None = Field(None, description="default: every field")
 
 
 class DeleteRequest(IndexRequest):

@@ -49,10 +49,6 @@ class FullVectors:
         self._aead = AESGCM(AESGCM.generate_key(bit_length=256))
         self.count = 0  # records written: every label below it
 
-    @property
-    def disk_bytes(self) -> int:
-        return self.count * self.record
-
     # -- writing ----------------------------------------------------------------------------
     def put(self, labels: np.ndarray, x: np.ndarray) -> None:
         """Seal ``x[i]`` as label ``labels[i]``'s record, a block of rows at a time (``x`` is

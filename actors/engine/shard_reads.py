@@ -94,7 +94,10 @@ class ShardReads:
         with self._reading(key):
             found, labels = self.items.find(ids)
             vecs = None
-            if vectors and self.partition is not None:
+            part = self.partition
+            # The originals only: flat lists hold them, a compressed partition's file keeps
+            # them (one trained before it kept them has codes alone, and returns none).
+            if vectors and part is not None and (part.is_flat or self.vectors is not None):
                 vecs = self._vectors(labels)
                 if self.items.norms.size and np.any(self.items.norms[labels]):
                     vecs = vecs * self.items.norms[labels][:, None]

@@ -3,7 +3,7 @@
 ``.jsonl`` holds one object a line: ``id``, ``vector``, ``metadata``, ``contents``. ``.npy``
 holds the vectors as a float32 matrix, and ``<name>.items.jsonl`` beside it the ``id``,
 ``metadata`` and ``contents`` of each row, in the same order. Vectors are what ``get``
-returns: the stored ones on ivfflat indexes, their decoded codes on ivf and ivfpq. The output
+returns: the originals, on every index type. The output
 is plaintext: it is created readable by its owner alone (0600) and appears under its name
 only once complete.
 """

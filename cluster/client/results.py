@@ -26,8 +26,8 @@ class QueryResult:
 
     When ``include`` asks for them (always None otherwise), ``vectors`` is an object array of
     the same shape holding each result's stored vector as a float32 array (None for padding,
-    and on ivf/ivfpq indexes, which keep no original vectors) and ``contents`` one holding
-    each result's contents (None for padding and items without contents).
+    and on an ivf/ivfpq index trained before the server kept the originals) and ``contents``
+    one holding each result's contents (None for padding and items without contents).
 
     A hybrid query (``text``) ranks by fused relevance instead: ``scores`` (the shape of
     ``ids``, float64, descending, NaN for padding) and no ``distances``.

@@ -46,7 +46,7 @@ async def fetch(
         return []
     if any(not i for i in ids):
         raise InvalidRequest("ids contains an empty id")
-    fields = get_fields(include, cv.config)
+    fields = get_fields(include)
     found = await engine.fetch(cv, ids, fields.vector, fields.metadata, fields.contents)
     return [found[i] for i in ids if i in found]
 

@@ -16,7 +16,6 @@ import orjson
 
 from actors.engine.filters import FilterNode, parse_filter
 from actors.errors import InvalidRequest
-from actors.types import IndexConfig
 from serve_app.gateway.hits import Query
 from serve_app.models import UpsertRequest
 
@@ -146,17 +145,12 @@ class Fields:
         inc = set(include)
         return cls("distance" in inc, "metadata" in inc, "vector" in inc, "contents" in inc)
 
-    def on(self, cfg: IndexConfig) -> Fields:
-        """The fields ``cfg``'s index can return: ``vector`` is dropped on ivf/ivfpq indexes,
-        which keep no original vectors (never an error: CyborgDB's SDK always asks for it)."""
-        if not self.vector or cfg.index_type == "ivfflat":
-            return self
-        return Fields(self.distance, self.metadata, False, self.contents)
 
-
-def get_fields(include: Sequence[str] | None, cfg: IndexConfig) -> Fields:
-    """A get's fields; omitted = every field the index keeps."""
-    return Fields.parse(GET_INCLUDE if include is None else include, GET_INCLUDE).on(cfg)
+def get_fields(include: Sequence[str] | None) -> Fields:
+    """A get's fields; omitted = every field. ``vector`` is left out of an item whose shard
+    keeps no original (an ivf/ivfpq partition trained before it kept them): never an error,
+    as CyborgDB's SDKs always ask for it."""
+    return Fields.parse(GET_INCLUDE if include is None else include, GET_INCLUDE)
 
 
 def distinct(ids: Sequence[str]) -> list[str]:

@@ -109,7 +109,7 @@ async def json_answer(
     clients rely on it whatever ``include`` says), every entry of a hybrid query (``hybrid``:
     with text) its fused score instead; ``vector`` and ``contents``, when asked for, are
     fetched for the results by id."""
-    fields = params.fields.on(cv.config)
+    fields = params.fields
     if hybrid is not None:
         rows = await fulltext.fused(
             engine, cv, hybrid, params, x, lambda p: query(engine, cv, p, x)

@@ -69,6 +69,10 @@ def test_each_precision_is_stored_trained_and_searched(http, dataset, precision)
         assert every_list >= 0.995, f"{precision}: reranked recall@10 {every_list:.4f}"
         if precision == "tq4":
             assert codes < 0.95  # (so the rerank is what finds them)
+        # The originals come back, not decoded codes.
+        got = idx.get([str(i) for i in range(0, len(x), 97)], include=["vector"])
+        want = x[::97]
+        assert np.array_equal(np.array([r["vector"] for r in got], np.float32), want)
         # Distances are exact, not the codes' estimates.
         for rows, t, v in zip(answers, truth, q, strict=True):
             got = {int(r["id"]): r["distance"] for r in rows}

@@ -187,18 +187,24 @@ def test_get_include_subsets(filled, include, keys):
 
 
 @pytest.mark.parametrize("index_type", ["ivf", "ivfpq"])
-def test_vector_from_compressed_index_is_left_out(make_index, index_type):
-    """ivf/ivfpq keep no original vectors: asking for one (CyborgDB's SDK always does) leaves
-    it out of the answer instead of failing the request."""
+def test_vector_from_compressed_index_is_the_original(make_index, index_type):
+    """ivf/ivfpq keep the original vectors beside their codes (untrained: in their one flat
+    list; trained: sealed on disk, tests/integration/test_api_storage_precisions.py): get and
+    query return them as sent, as CyborgDB's SDKs ask."""
     extra = {"pq_dim": 4} if index_type == "ivfpq" else {}
     idx = make_index(index_type=index_type, dimension=8, **extra)
-    idx.upsert([{"id": "a", "vector": [1.0] * 8, "contents": "c", "metadata": {"m": 1}}])
-    full = [{"id": "a", "contents": "c", "metadata": {"m": 1}}]
-    assert ok(idx.post("vectors/get", ids=["a"], include=["vector"])) == {"results": [{"id": "a"}]}
-    assert idx.get(["a"], include=["metadata", "vector", "contents"]) == full
-    assert idx.get(["a"]) == full  # default include: every field such an index can return
-    [hit] = idx.query(query_vectors=[1.0] * 8, include=["vector", "contents"])
-    assert set(hit) == {"id", "distance", "contents"}
+    v = [0.1 * i for i in range(8)]
+    idx.upsert([{"id": "a", "vector": v, "contents": "c", "metadata": {"m": 1}}])
+    full = [{"id": "a", "vector": v, "contents": "c", "metadata": {"m": 1}}]
+    got = ok(idx.post("vectors/get", ids=["a"], include=["vector"]))["results"]
+    assert got == [{"id": "a", "vector": pytest.approx(v)}]
+    assert idx.get(["a"], include=["metadata", "vector", "contents"]) == [
+        {**full[0], "vector": pytest.approx(v)}
+    ]
+    [hit] = idx.query(query_vectors=v, include=["vector", "contents"])
+    assert set(hit) == {"id", "distance", "vector", "contents"} and hit["vector"] == pytest.approx(
+        v
+    )
 
 
 def test_get_and_delete_tolerate_empty_and_repeated_ids(filled, make_index):

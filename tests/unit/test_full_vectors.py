@@ -232,3 +232,17 @@ def test_a_backup_restores_the_full_vectors_into_the_shards_vector_dir(
     assert done == 3000 and dst.vectors is not None and dst.vectors.directory == str(tmp_path)
     got = dst.get(new_key, ["id7", "id2999"], True, False, False).vectors
     np.testing.assert_array_equal(got, x[[7, 2999]])
+
+
+def test_a_partition_without_full_vectors_returns_no_vector_rather_than_its_codes(
+    tmp_path: Path,
+) -> None:
+    """A compressed partition trained before full vectors were kept (none on disk): get
+    leaves the vector out; the gateway then answers without it, never with decoded codes."""
+    x = clustered(2000, D, n_clusters=10, seed=11)
+    shard = pq_shard(tmp_path, x, n_lists=8)
+    assert shard.get(KEY, ["id3"], True, False, False).vectors is not None
+    shard.vectors = None  # (as a partition written by an earlier vaultvec loads)
+    assert shard.get(KEY, ["id3"], True, False, False).vectors is None
+    found = shard.search(KEY, request(shard, x[:5], k=3))  # the codes' ranking, unreranked
+    assert found.ids.tolist()[0][0] is not None

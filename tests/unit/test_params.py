@@ -10,7 +10,6 @@ from pydantic import ValidationError
 
 from actors.engine.filters import parse_filter
 from actors.errors import InvalidRequest
-from actors.types import IndexConfig
 from serve_app.batch_models import ArraysQueryRequest
 from serve_app.gateway.hits import Query
 from serve_app.models import Item, QueryRequest, UpsertRequest
@@ -35,10 +34,6 @@ SETTINGS = Settings(**LIMITED)
 
 def args(**options: Any) -> QueryArgs:
     return QueryArgs("idx", KEY, **options)
-
-
-def config(index_type: str) -> IndexConfig:
-    return IndexConfig("idx", "id", index_type, "euclidean", n_shards=2, dimension=4)
 
 
 # -- QueryParams ----------------------------------------------------------------------------
@@ -129,22 +124,14 @@ def test_pydantic_bodies_build_the_same_params_as_the_ray_arguments() -> None:
 
 
 # -- Fields ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("index_type", "vector"), [("ivfflat", True), ("ivf", False), ("ivfpq", False)]
-)
-def test_vector_is_dropped_where_the_index_keeps_no_originals(
-    index_type: str, vector: bool
-) -> None:
-    asked = Fields.parse(["vector", "contents"], QUERY_INCLUDE)
-    assert asked.on(config(index_type)) == Fields(False, False, vector, True)
-
-
-def test_get_returns_every_field_the_index_keeps_by_default() -> None:
-    assert get_fields(None, config("ivfflat")) == Fields(False, True, True, True)
-    assert get_fields(None, config("ivf")) == Fields(False, True, False, True)
-    assert get_fields(["metadata"], config("ivfflat")) == Fields(False, True, False, False)
+def test_get_returns_every_field_by_default() -> None:
+    """Every index type's shards keep the original vectors (compressed ones on disk): a get
+    asks for them; a shard without them leaves them out (tests/unit/test_full_vectors.py)."""
+    assert get_fields(None) == Fields(False, True, True, True)
+    assert get_fields(["metadata"]) == Fields(False, True, False, False)
+    assert Fields.parse(["vector", "contents"], QUERY_INCLUDE) == Fields(False, False, True, True)
     with pytest.raises(InvalidRequest, match="include: unknown value 'distance'"):
-        get_fields(["distance"], config("ivfflat"))
+        get_fields(["distance"])
 
 
 # -- UpsertRows -----------------------------------------------------------------------------
