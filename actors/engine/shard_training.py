@@ -53,7 +53,7 @@ class ShardTraining:
         with self._snapshot_lock:
             with self._lock.write():
                 self._ensure_loaded(key)
-                if self.partition is None or not self.partition.ntotal:
+                if self.partition is None or not (self.partition.ntotal or len(self.items)):
                     # No items: later ones go to the new lists (and their full vectors to a
                     # file of their own, made with the first of them).
                     dimension = self.partition.dimension if self.partition is not None else 0
