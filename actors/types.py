@@ -303,7 +303,7 @@ def probe_slack(
 @dataclass(frozen=True)
 class Fetched:
     ids: list[str]
-    vectors: np.ndarray | None  # (n, d) float32 originals (ivfflat only)
+    vectors: np.ndarray | None  # (n, d) float32 originals (None where not kept)
     metadata: list[bytes | None] | None
     contents: list[str | None] | None
 

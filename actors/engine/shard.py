@@ -372,7 +372,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves, ShardTraining):
                 self.partition = PartitionIndex.from_template(None, batch.vectors.shape[1])
             self.partition.remove(replaced)
             self.partition.add(labels, batch.vectors)
-            self._keep_full(labels, batch.vectors)
+            self._keep_full(labels, batch.vectors, replaced_any=len(replaced) > 0)
             if self._pending is not None:
                 self._pending.append(("remove", replaced))
                 self._pending.append(("add", (labels, batch.vectors)))
@@ -383,20 +383,23 @@ class Shard(ShardReads, ShardBackup, ShardMoves, ShardTraining):
             if self._pending is not None:
                 self._pending.append(("remove", labels))
 
-    def _keep_full(self, labels: np.ndarray, x: np.ndarray) -> None:
+    def _keep_full(self, labels: np.ndarray, x: np.ndarray, replaced_any: bool) -> None:
         """Seal a compressed partition's new items' full vectors into its file (made with its
         first items). If the disk refuses, the state in memory lacks them: the shard loads
         again from the store, which holds them, on its next call."""
         part = self.partition
         try:
             if self.vectors is None and part is not None and not part.is_flat:
-                if part.ntotal > len(labels):  # trained before full vectors were kept
+                # Trained before full vectors were kept: only a partition that held nothing
+                # before this batch gets a file (a replaced item's vector may be its codes).
+                if part.ntotal > len(labels) or replaced_any:
                     return
                 self.vectors = FullVectors(part.dimension, self.vector_dir)
             if self.vectors is not None:
                 self.vectors.put(labels, x)
         except OSError:
-            self._loaded = False  # (a rebuild under way then fails rather than swap in a gap)
+            self._loaded = False
+            self._pending = None  # (a rebuild under way then fails rather than swap in a gap)
             raise
 
     # -- snapshots --------------------------------------------------------------------------

@@ -213,7 +213,7 @@ class QueryParams:
     n_probes: int  # 0 = automatic
     filter: FilterNode | None
     greedy: bool
-    fields: Fields  # as asked: Fields.on drops what the index cannot return
+    fields: Fields  # as asked (a shard leaves out a vector it does not keep)
     rerank_mult: int = 0  # 0 = the partition's default (actors.constants.RERANK_MULT)
 
     @classmethod

@@ -244,5 +244,8 @@ def test_a_partition_without_full_vectors_returns_no_vector_rather_than_its_code
     assert shard.get(KEY, ["id3"], True, False, False).vectors is not None
     shard.vectors = None  # (as a partition written by an earlier vaultvec loads)
     assert shard.get(KEY, ["id3"], True, False, False).vectors is None
-    found = shard.search(KEY, request(shard, x[:5], k=3))  # the codes' ranking, unreranked
-    assert found.ids.tolist()[0][0] is not None
+    # An update of every item rewrites them from their codes: no file may take those for
+    # originals.
+    shard.update(KEY, None, None, updates.parse_update({"$set": {"t": 1}}, None, False, 0))
+    assert shard.vectors is None
+    assert shard.get(KEY, ["id3"], True, False, False).vectors is None
