@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -332,6 +333,12 @@ def run_service(
             total, shards = pss(svc)
             out["bytes_per_vector_restarted"] = (total - idle[0]) / n
             out["shard_bytes_per_vector_restarted"] = (shards - idle[1]) / n
+        except BaseException:
+            keep = shutil.copy(
+                svc.log_path, tempfile.mkstemp(prefix="scale-serve-", suffix=".log")[1]
+            )
+            print(f"the run failed: the service's log is kept in {keep}", file=sys.stderr)
+            raise
         finally:
             footprint.stop(svc)
             os.rmdir(vector_dir)  # (empty: the files had no name)

@@ -6,16 +6,21 @@ name, shard number, backup id, chunk number and chunk count: chunks open only in
 backup, at their own place, and a backup cut short or reordered does not open. The frame is
 taken under the shard's read lock (writes wait only while it is copied), so a shard's part of
 a backup is the state at one instant; sealing and sending it happen after, while writes go on.
+A restore keeps the chunks it receives as they came, sealed, on local disk until the last one
+is in, then reads the state from them a chunk at a time: a part is never held whole in memory.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import IO, Any
 
 import numpy as np
 
@@ -38,11 +43,32 @@ def chunk_aad(name: str, shard: int, backup_id: str, n: int, total: int) -> byte
 
 @dataclass
 class _Incoming:
-    """The chunks of one backup received so far, opened (a restore in progress)."""
+    """The chunks of one backup received so far (a restore in progress): each opened once as
+    it arrives, to check it, and kept as it came, sealed, in a file without a name in the
+    shard's vector directory, so a part larger than memory (a compressed index's full
+    vectors) is never held whole."""
 
     backup_id: str
-    parts: list[bytes] = field(default_factory=list)
+    spool: IO[bytes]
+    places: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) each
     at: float = field(default_factory=time.monotonic)  # when the last chunk arrived
+
+    def add(self, sealed: bytes) -> None:
+        offset = self.places[-1][0] + self.places[-1][1] if self.places else 0
+        self.spool.seek(offset)
+        self.spool.write(sealed)
+        self.spool.flush()
+        self.places.append((offset, len(sealed)))
+
+    def opened(self, key: bytes, name: str, shard: int) -> Iterator[bytes]:
+        """Every chunk again, opened in order as it is read (one at a time in memory)."""
+        total = len(self.places)
+        for n, (offset, length) in enumerate(self.places):
+            sealed = os.pread(self.spool.fileno(), length, offset)
+            yield open_sealed(key, sealed, chunk_aad(name, shard, self.backup_id, n, total))
+
+    def close(self) -> None:
+        self.spool.close()
 
 
 class ShardBackup:
@@ -104,28 +130,37 @@ class ShardBackup:
                 f"backup chunk {n} of shard {self.shard_no} does not open: not from this backup "
                 "or this place in it, or altered"
             ) from None
+        del part  # checked; what is kept is the sealed chunk
         with self._snapshot_lock:
             incoming = self._incoming
             if n == 0:
-                incoming = self._incoming = _Incoming(source.backup_id)
+                if incoming is not None:
+                    incoming.close()
+                spool = tempfile.TemporaryFile(dir=self.vector_dir or None)  # noqa: SIM115
+                incoming = self._incoming = _Incoming(source.backup_id, spool)
             if incoming is None or incoming.backup_id != source.backup_id:
                 raise InvalidRequest(f"backup chunk {n} of shard {self.shard_no} before chunk 0")
-            if n != len(incoming.parts):
+            if n != len(incoming.places):
                 raise InvalidRequest(
                     f"backup chunk {n} of shard {self.shard_no} arrived after "
-                    f"{len(incoming.parts)} chunks: send them in order, from chunk 0"
+                    f"{len(incoming.places)} chunks: send them in order, from chunk 0"
                 )
-            incoming.parts.append(part)
+            incoming.add(chunk)
             incoming.at = time.monotonic()
             if n + 1 < total:
                 return None
             self._incoming = None
-            frame = b"".join(incoming.parts)
-            del incoming, part
-            meta, arrays = codec.unpack(frame)
-            check_frame(meta, arrays, self.shard_no)
-            del meta, arrays
-            state = shard_state.restore(frame, self.vector_dir)
+            try:
+                chunks = incoming.opened(source.data_key, source.index_name, self.shard_no)
+                check = partial(check_frame, shard_no=self.shard_no)
+                try:
+                    state = shard_state.restore(chunks, self.vector_dir, check)
+                except (ValueError, KeyError) as exc:
+                    raise InvalidRequest(
+                        f"shard {self.shard_no}'s part of the backup is not a shard's state"
+                    ) from exc
+            finally:
+                incoming.close()
             with self._lock.write():
                 self._ensure_loaded(key)
                 if len(self.items):
@@ -136,13 +171,13 @@ class ShardBackup:
                 gen = self.log.roll()
                 count = len(self.items)
                 try:
-                    self.log.write_snapshot(key, frame, gen)
+                    self.log.write_snapshot(key, self._capture(), gen)
                 except BaseException:  # not stored: not installed either (send it again)
                     self._loaded = False
                     self._reset()
                     raise
             self.restored = (source.backup_id, count)
-        del frame, state
+        del state
         heap.trim()
         return count
 
@@ -156,6 +191,7 @@ class ShardBackup:
             try:
                 if self._incoming is incoming:
                     self._incoming = None
+                    incoming.close()
             finally:
                 self._snapshot_lock.release()
 

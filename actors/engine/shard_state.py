@@ -50,16 +50,23 @@ def capture(state: State) -> codec.Frame:
     return codec.pack_frame(meta, arrays)
 
 
-def restore(frame: codec.Buffer | Iterable[codec.Buffer], vector_dir: str = "") -> State:
+def restore(
+    frame: codec.Buffer | Iterable[codec.Buffer],
+    vector_dir: str = "",
+    check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+) -> State:
     """The state in ``frame``: one buffer, or its consecutive chunks, each read once and
     released as the lists are read from it (a snapshot loaded from the store is never held
-    whole); full vectors go to a new file in ``vector_dir``."""
+    whole); full vectors go to a new file in ``vector_dir``. ``check`` sees the frame's meta
+    and arrays before anything is allocated from what they say (a backup's bounds)."""
     chunks = [frame] if isinstance(frame, (bytes, bytearray, memoryview)) else frame
     read_as: dict[str, Callable[[codec.Reader, int], Any]] = {
         "index": read_index,
         "vectors": partial(FullVectors.read, directory=vector_dir),
     }
     meta, arrays = codec.unpack_stream(codec.Reader(chunks), read_as, copy=True)
+    if check is not None:
+        check(meta, arrays)
     partition = None
     if "index" in arrays:
         partition = PartitionIndex(arrays.pop("index"))

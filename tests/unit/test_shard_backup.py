@@ -14,11 +14,13 @@ import orjson
 import pytest
 
 from actors import constants
+from actors.engine.items import ItemTable
 from actors.engine.shard import Shard
-from actors.engine.shard_backup import check_frame
+from actors.engine.shard_backup import check_frame, chunk_aad
 from actors.errors import InvalidRequest
 from actors.storage import LocalStore, StoreError, codec
 from actors.storage.backup_format import END, HEADER, MAGIC, BadBackup, frame, read_frames
+from actors.storage.crypto import seal
 from actors.types import BackupSource, UpsertBatch
 
 OLD, NEW = bytes(range(32)), bytes(range(1, 33))
@@ -83,6 +85,33 @@ def test_a_part_the_store_refuses_is_not_installed(
     for n in range(total):  # sent again from chunk 0
         done = dst.restore_chunk(NEW, source, n, total, parts[n][2])
     assert done == 500
+
+
+def test_a_restore_spools_sealed_chunks_and_checks_the_state_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks received wait, sealed as they came, in a file without a name in the shard's
+    vector directory (a part larger than memory is never held whole), and the state they hold
+    is checked for its bounds as it is read back."""
+    parts = chunks(filled(tmp_path), monkeypatch)
+    total, source = parts[0][0], BackupSource("src", "b" * 32, OLD)
+    spools = tmp_path / "spool"
+    spools.mkdir()
+    dst = Shard(LocalStore(tmp_path / "b"), "dst", "idb", 0, vector_dir=str(spools))
+    for n in range(total - 1):
+        dst.restore_chunk(NEW, source, n, total, parts[n][2])
+    incoming = dst._incoming
+    assert incoming is not None and list(spools.iterdir()) == []
+    incoming.spool.seek(0)
+    assert incoming.spool.read() == b"".join(p[2] for p in parts[:-1])
+    # A whole state sealed as a backup's chunk, empty but for labels allocated far past its
+    # items (which, unchecked, would install).
+    spare = constants.RESTORE_SPARE_LABELS + 1
+    bad = codec.pack({"seq": 0, "version": 0, "next_label": spare}, ItemTable().to_arrays())
+    sealed = seal(OLD, bad, chunk_aad("src", 0, "e" * 32, 0, 1))
+    with pytest.raises(InvalidRequest, match="not a shard's state"):
+        dst.restore_chunk(NEW, BackupSource("src", "e" * 32, OLD), 0, 1, sealed)
+    assert dst.list_ids(NEW) == [] and dst._incoming is None
 
 
 def test_a_state_out_of_bounds_is_refused() -> None:
