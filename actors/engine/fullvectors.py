@@ -105,14 +105,16 @@ class FullVectors:
         """The vectors of ``labels`` (each below :attr:`count`), one record read and opened
         each: what a rerank costs per candidate."""
         labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-        out = np.empty((len(labels), self.dimension), dtype=np.float32)
-        size, fd, decrypt = self.record, self._fd, self._aead.decrypt
-        for row, label in enumerate(labels.tolist()):
-            if not 0 <= label < self.count:
-                raise KeyError(f"no full vector for label {label}")
-            rec = os.pread(fd, size, label * size)
-            out[row] = np.frombuffer(decrypt(rec[:NONCE], rec[NONCE:], _aad(label)), np.float32)
-        return out
+        if len(labels) and not (int(labels.min()) >= 0 and int(labels.max()) < self.count):
+            bad = labels[(labels < 0) | (labels >= self.count)][0]
+            raise KeyError(f"no full vector for label {bad}")
+        size, fd, decrypt, pread = self.record, self._fd, self._aead.decrypt, os.pread
+        plain = []  # joined once: a row assigned per record costs a third more
+        for label in labels.tolist():
+            rec = memoryview(pread(fd, size, label * size))
+            plain.append(decrypt(rec[:NONCE], rec[NONCE:], label.to_bytes(8, "little")))
+        out = np.frombuffer(bytearray().join(plain), dtype=np.float32)
+        return out.reshape(len(labels), self.dimension)
 
     def range(self, start: int, stop: int) -> np.ndarray:
         """The vectors of labels ``start`` to ``stop`` (exclusive), read in one pass."""
