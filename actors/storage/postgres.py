@@ -21,6 +21,12 @@ character sorts below U+007F, so ``_`` and ``%`` need no escaping). Values are a
 (PostgreSQL's limit for one ``bytea``). Every write is one transaction, committed durably before
 it returns (a session with ``synchronous_commit=off`` is switched back on).
 
+Both tables and their TOAST tables are vacuumed without the autovacuum's cost delay and at 2%
+dead rows (:data:`VACUUM_TUNING`, set when the tables are made, and on open where it is
+missing and this user may set it): a shard's snapshot replaces gigabytes of chunks at a time,
+and the default throttled vacuum fell so far behind that a 10M × 128 index (5 GB) took 48 GB of
+disk before its ingest ended (docs/performance.md).
+
 Snapshot swaps need no multi-key transaction: a shard puts its new snapshot before it deletes
 older snapshots and WAL generations, and loading takes the newest snapshot and skips the WAL
 generations it covers, so a crash between those steps leaves only garbage for the next swap.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import logging
 import re
 import threading
 import zlib
@@ -55,6 +62,13 @@ MAX_VALUE = (1 << 30) - 5  # bytea: 1 GiB including its 4-byte length header
 _PREFIX_END = "\x7f"  # sorts after every key character ([A-Za-z0-9._/-])
 _TABLE_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _SCHEMA_LOCK = 0x76766563  # 'vvec': first half of the advisory lock guarding schema creation
+VACUUM_TUNING = {
+    "autovacuum_vacuum_cost_delay": "0",
+    "autovacuum_vacuum_scale_factor": "0.02",
+    "toast.autovacuum_vacuum_cost_delay": "0",
+    "toast.autovacuum_vacuum_scale_factor": "0.02",
+}
+log = logging.getLogger("vaultvec.store")
 _LOST_STATES = ("08", "57P01", "57P02", "57P03")  # connection exceptions, server shutdown/start
 _DEFAULTS = {
     "table_prefix": "vaultvec_",
@@ -241,8 +255,38 @@ class PostgresStore:
                 if row is None or not row[0]:  # checked first: CREATE needs a privilege
                     for statement in self._q["schema"]:
                         conn.execute(statement)
+                for table in (self._blobs, self._log):
+                    self._tune_vacuum(conn, table)
         except psycopg.Error as exc:
             raise self._error("create tables", self._blobs, _reason(exc)) from None
+
+    def _tune_vacuum(self, conn: psycopg.Connection[Any], table: str) -> None:
+        """:data:`VACUUM_TUNING` on ``table`` where it is missing; a user who may not alter the
+        table (it belongs to another role) is told, once, and goes on without it."""
+        row = conn.execute(
+            "SELECT c.reloptions, t.reloptions FROM pg_class c "
+            "LEFT JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.oid = to_regclass(%s)",
+            (table,),
+        ).fetchone()
+        have = set() if row is None else {*(row[0] or ()), *(f"toast.{o}" for o in row[1] or ())}
+        if all(f"{k}={v}" in have for k, v in VACUUM_TUNING.items()):
+            return
+        options = sql.SQL(", ").join(
+            sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(v)) for k, v in VACUUM_TUNING.items()
+        )
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the rest standing
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} SET ({})").format(sql.Identifier(table), options)
+                )
+        except psycopg.errors.InsufficientPrivilege:
+            log.warning(
+                "PostgreSQL store: cannot tune the autovacuum of %s (not its owner): ask its owner "
+                "to run ALTER TABLE %s SET (%s), or its disk may fill with dead snapshot chunks",
+                table,
+                table,
+                ", ".join(f"{k} = {v}" for k, v in VACUUM_TUNING.items()),
+            )
 
     def _check_open(self) -> None:
         if self._closed:

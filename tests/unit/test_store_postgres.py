@@ -219,6 +219,47 @@ def test_commits_are_durable_even_if_the_database_default_is_not(
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
 
+def _vacuum_options(url: str, table: str) -> set[str]:
+    (row,) = _rows(
+        url,
+        "SELECT c.reloptions, t.reloptions FROM pg_class c JOIN pg_class t "
+        f"ON t.oid = c.reltoastrelid WHERE c.relname = '{table}'",
+    )
+    return {*(row[0] or ()), *(f"toast.{o}" for o in row[1] or ())}
+
+
+def test_snapshot_churn_is_vacuumed_without_the_default_delay(
+    postgres_server: PostgresServer, fresh_postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Snapshots replace gigabytes of chunks at a time: both tables and their TOAST tables are
+    vacuumed unthrottled, set when they are made and on open where missing; a role that does
+    not own them still opens the store, told why the tuning is missing."""
+    tuned = {f"{k}={v}" for k, v in postgres.VACUUM_TUNING.items()}
+    tables = ("vaultvec_blobs", "vaultvec_log")
+    PostgresStore(fresh_postgres_url).close()
+    for table in tables:
+        assert tuned <= _vacuum_options(fresh_postgres_url, table)
+    name = fresh_postgres_url.rsplit("/", 1)[1]
+    reset = ", ".join(postgres.VACUUM_TUNING)
+    for table in tables:
+        postgres_server.execute(f"ALTER TABLE {table} RESET ({reset})", name)
+    role = f"other_{name}"
+    postgres_server.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        postgres_server.execute(f"GRANT ALL ON vaultvec_blobs, vaultvec_log TO {role}", name)
+        other = fresh_postgres_url.replace("postgres@", f"{role}@", 1)
+        with caplog.at_level("WARNING", logger="vaultvec.store"), PostgresStore(other) as s:
+            s.put("k", b"v")  # not the owner: no tuning, but a working store
+        assert "not its owner" in caplog.text
+        assert not tuned & _vacuum_options(fresh_postgres_url, "vaultvec_blobs")
+        PostgresStore(fresh_postgres_url).close()  # the owner opens it again: tuned
+        for table in tables:
+            assert tuned <= _vacuum_options(fresh_postgres_url, table)
+    finally:
+        postgres_server.execute(f"DROP OWNED BY {role}", name)
+        postgres_server.execute(f"DROP ROLE {role}")
+
+
 def test_server_restart_is_survived(postgres_server: PostgresServer) -> None:
     """Stop and start the server under an open store: calls while it is down fail fast with a
     clear error; the same store object works again once it is back."""
