@@ -79,6 +79,14 @@ ID_ORDER_TAIL_MIN = 4096
 #: needs one serialised copy of the shard's state and a few chunks beyond it, a load a few
 #: chunks beyond the state it builds.
 SNAPSHOT_CHUNK_BYTES = 64 << 20
+#: A shard whose last snapshot is larger than its WAL byte bound (``wal_max_bytes``) rolls its
+#: WAL into a new snapshot once the WAL holds this share of that snapshot's bytes (or
+#: WAL_RECORDS_LARGE records) instead: growing to S bytes then writes about (1 + share) / share
+#: × S of snapshots in all, not S² / (2 × bound) (at 10M × 768 a shard's 15 GB would be written
+#: some 600 GB over), and a restart replays at most this share of the state as WAL
+#: (actors.engine.shard_log).
+WAL_SNAPSHOT_SHARE = 0.25
+WAL_RECORDS_LARGE = 4096
 #: A shard's part of a backup is sealed in chunks of this size (actors.engine.shard_backup).
 BACKUP_CHUNK_BYTES = 2 << 20
 #: A restored shard state may hand out this many labels beyond four per item it holds (the

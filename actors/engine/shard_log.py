@@ -36,6 +36,7 @@ class ShardLog:
         self.seq = 0  # the last record's number
         self.records = 0  # records written since the last snapshot
         self.bytes = 0
+        self.snapshot_bytes = 0  # the latest snapshot's frame, written or loaded
 
     def snapshot(self, key: bytes) -> Iterator[bytes] | None:
         """The latest snapshot's frame, chunk by chunk as they are read (None: there is none
@@ -46,7 +47,13 @@ class ShardLog:
             return None
         self.gen, frame = found
         self.snapshot_gen = self.gen
-        return frame
+        self.snapshot_bytes = 0
+        return self._counted(frame)
+
+    def _counted(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self.snapshot_bytes += len(chunk)
+            yield chunk
 
     def replay(self, key: bytes, apply: Callable[[str, Any], None]) -> None:
         """``apply(op, payload)`` for every record after :attr:`seq`, in order."""
@@ -81,7 +88,16 @@ class ShardLog:
         self.bytes += len(record)
 
     def due(self) -> bool:
-        return self.records >= self.max_records or self.bytes >= self.max_bytes
+        """Whether the WAL should roll into a snapshot: past its bounds; for a state whose
+        snapshot is larger than the byte bound, once the WAL holds WAL_SNAPSHOT_SHARE of it
+        (or WAL_RECORDS_LARGE records), so that a growing state is rewritten a bounded number
+        of times (actors.constants)."""
+        if self.snapshot_bytes <= self.max_bytes:
+            return self.records >= self.max_records or self.bytes >= self.max_bytes
+        return (
+            self.bytes >= constants.WAL_SNAPSHOT_SHARE * self.snapshot_bytes
+            or self.records >= max(self.max_records, constants.WAL_RECORDS_LARGE)
+        )
 
     def roll(self) -> int:
         """Start the next generation (records go to its log from now on); returns it."""
@@ -93,6 +109,8 @@ class ShardLog:
         """``frame`` as snapshot ``gen``; while the key rotates, under both keys."""
         for sealing, epoch in self.keys.sealing(key):
             self.put_snapshot(sealing, epoch, frame, gen)
+        if gen >= self.snapshot_gen:
+            self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
         self.snapshot_gen = max(self.snapshot_gen, gen)
 
     def put_snapshot(self, key: bytes, epoch: int, frame: bytes | Frame, gen: int) -> None:

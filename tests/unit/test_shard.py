@@ -46,6 +46,24 @@ def new_shard(path: Path, **kw) -> Shard:
     return Shard(f"file://{path}", "idx", "id0", 0, **kw)
 
 
+def test_a_growing_shard_rewrites_its_state_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """Past its WAL byte bound, a shard rolls its WAL into a snapshot only once the WAL holds
+    its share of the last snapshot (not at every bound: a growing state rewritten over and
+    over), and a restart replays that WAL to the same items."""
+    x = clustered(4000, 32, seed=4)
+    shard = new_shard(tmp_path, wal_max_records=10**6, wal_max_bytes=16 << 10)
+    for start in range(0, 4000, 40):  # 100 records of about 6 KiB: 600 KiB of WAL in all
+        shard.upsert(KEY, batch(x[start : start + 40], start))
+        log = shard.log
+        if log.snapshot_bytes > log.max_bytes:  # rolled at its share of the snapshot
+            assert log.bytes < constants.WAL_SNAPSHOT_SHARE * log.snapshot_bytes
+    # At one roll per 16 KiB bound it would have written 37 snapshots (about 11 MB).
+    assert shard.log.gen <= 16
+    reloaded = new_shard(tmp_path)
+    assert sorted(reloaded.list_ids(KEY)) == sorted(f"id{i}" for i in range(4000))
+    assert reloaded.log.snapshot_bytes == shard.log.snapshot_bytes
+
+
 def test_untrained_is_exact_and_survives_reload(tmp_path: Path) -> None:
     x = clustered(500, 16, seed=1)
     shard = new_shard(tmp_path, wal_max_records=4)
