@@ -40,6 +40,7 @@ import contextlib
 import gc
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -203,6 +204,20 @@ def store_url(kind: str) -> Iterator[str | None]:
         yield pg.create_database()
 
 
+def store_bytes(url: str | None, data_dir: str) -> int:
+    """What the store takes on disk: the database's size (dead rows not yet vacuumed
+    included), or the files of the directory store."""
+    if url is not None:
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        return int(row[0]) if row else 0
+    return sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(data_dir) for f in files
+    )
+
+
 def pss(service: footprint.Service) -> tuple[int, int]:
     """(PSS of every process of the service, of its shard actors' processes)."""
     procs = footprint.snapshot(service.proc.pid, service.ray_tmp)
@@ -283,6 +298,7 @@ def run_service(
                 el = time.perf_counter() - t0
                 print(f"  upserted {at:,} in {el:.0f}s", flush=True)
             out["ingest_per_s"] = n / (time.perf_counter() - t0)
+            out["store_bytes_ingested"] = store_bytes(url, svc.data_dir) / n
             del x
             gc.collect()
             out["train_s"], _ = common.train_and_wait(client, idx, args.n_lists or None)
@@ -296,6 +312,7 @@ def run_service(
             total, shards = pss(svc)
             out["bytes_per_vector"] = (total - idle[0]) / n
             out["disk_bytes_per_vector"] = unnamed_file_bytes(svc, vector_dir) / n
+            out["store_bytes_trained"] = store_bytes(url, svc.data_dir) / n
             out["shard_bytes_per_vector"] = (shards - idle[1]) / n
             for lo in range(0, len(learn), LEARN_BATCH):
                 idx.query(learn[lo : lo + LEARN_BATCH], K, include=["distance"])
@@ -398,6 +415,8 @@ def report(args: argparse.Namespace, svc: dict[str, Any], raw: dict[str, Any]) -
         row("  shard actors' bytes per vector", *bpv("shard_bytes_per_vector")),
         row("  the same after a restart", *bpv("shard_bytes_per_vector_restarted")),
         row("full vectors on local disk, bytes per vector", *bpv("disk_bytes_per_vector")),
+        row("store on disk after ingest, bytes per vector", *bpv("store_bytes_ingested")),
+        row("  after training", *bpv("store_bytes_trained")),
         row("restart: healthy, s", svc["restart_healthy_s"], None, ".1f"),
         row("restart: first query answered, s", svc["restart_first_query_s"], None, ".1f"),
         row("GET /v1/health p50, ms (for scale)", svc["health_p50_ms"], None, ".2f"),
@@ -446,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=10.0, help="seconds before a PSS reading")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    # SIGTERM ends the run as Ctrl-C does: the service and its store are taken down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = common.environment()
     common.print_environment(env)
     t0 = time.perf_counter()
