@@ -31,6 +31,7 @@ HAProxy. Serve's HAProxy files go to the private runtime directory (actors.proce
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -181,6 +182,26 @@ def haproxy_directory(runtime: str) -> str:
     if made is None:
         raise OSError(f"cannot make a private directory for HAProxy's files: {base}")
     return made
+
+
+def forget_node(node_id: str) -> None:
+    """Remove the files HAProxy kept for ``node_id`` (a local Ray that has ended): Serve gives
+    each session's node a directory of its own under HAProxy's base and leaves it behind. Only
+    in a base :func:`haproxy_directory` makes (``hap`` in this user's runtime directory, or a
+    ``vvh-`` one in /tmp); paths set elsewhere are left alone."""
+    config = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+    if not config or not node_id or os.path.basename(node_id) != node_id:
+        return
+    base = os.path.dirname(config)
+    runtime = private.runtime_directory()
+    ours = runtime is not None and base == os.path.join(runtime, HAPROXY_DIR)
+    fresh = os.path.dirname(base) == "/tmp" and os.path.basename(base).startswith("vvh-")
+    if not (ours or fresh):
+        return
+    shutil.rmtree(os.path.join(base, node_id), ignore_errors=True)
+    if fresh:
+        with contextlib.suppress(OSError):
+            os.rmdir(base)
 
 
 def haproxy_paths(base: str) -> dict[str, str]:

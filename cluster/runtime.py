@@ -260,8 +260,11 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
 def stop(joined: bool = False) -> None:
     """Take the app down. A local Ray started by ``start`` goes down whole (Serve, shards and
     all: the data is durable in the store); on a joined cluster only the app is deleted."""
+    node_id = None if joined else ray.get_runtime_context().get_node_id()
     try:
         if joined:
             serve.delete(APP_NAME)
     finally:
         ray.shutdown()
+        if node_id is not None:  # its HAProxy went down with it
+            fastpath.forget_node(node_id)

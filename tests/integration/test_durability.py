@@ -3,7 +3,7 @@
 Runs `vaultvec serve` as a separate process tree (its own Ray, its own RAY_TMPDIR) so the kill
 takes out the gateway, the shards, the control plane and Ray itself, as a power cut would. The
 same test covers the generated API key (printed once, kept with mode 0600, reused on restart)
-and a clean exit on SIGTERM.
+and a clean exit on SIGTERM, which leaves none of HAProxy's files behind.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
+from actors.process import private
 from cluster import fastpath
 from cluster.client import generate_key
 from tests.helpers import free_port
@@ -130,8 +131,11 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
                 t.join(timeout=60)
         assert len(acked) >= 1500
 
+        hap = Path(private.runtime_directory() or "/nonexistent") / fastpath.HAPROXY_DIR
+        before = set(hap.iterdir()) if hap.is_dir() else set()
         proc, lines = start_server(storage, ray_tmp, port)
         assert not any(api_key in line for line in lines), "a kept key is not printed again"
+        assert set(hap.iterdir()) - before, "HAProxy keeps its node's files in the runtime dir"
         with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
             ids = [f"k{j}" for j in sorted(acked)]
             got = c.post("/v1/vectors/get", json={"index_name": "d", "index_key": key, "ids": ids})
@@ -150,6 +154,8 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0
         assert any("shutting down" in line for line in lines)
+        # A clean exit leaves no HAProxy files behind (a killed one's stay: nothing ran).
+        assert set(hap.iterdir()) <= before
     finally:
         if proc.poll() is None:
             kill_tree(proc, ray_tmp)
