@@ -24,8 +24,8 @@ it returns (a session with ``synchronous_commit=off`` is switched back on).
 Both tables and their TOAST tables are vacuumed without the autovacuum's cost delay and at 2%
 dead rows (:data:`VACUUM_TUNING`, set when the tables are made, and on open where it is
 missing and this user may set it): a shard's snapshot replaces gigabytes of chunks at a time,
-and the default throttled vacuum fell so far behind that a 10M × 128 index (5 GB) took 48 GB of
-disk before its ingest ended (docs/performance.md).
+and the default throttled vacuum fell so far behind that a 10M × 128 ingest had taken 48 GB of
+disk by its 7.5 millionth item (docs/performance.md).
 
 Snapshot swaps need no multi-key transaction: a shard puts its new snapshot before it deletes
 older snapshots and WAL generations, and loading takes the newest snapshot and skips the WAL
