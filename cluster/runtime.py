@@ -15,6 +15,7 @@ import ray
 from ray import serve
 
 from actors.control.plane import NAMESPACE
+from actors.pool import channel
 from actors.process import private
 from cluster import fastpath, haproxy_guard
 from serve_app.app import build_app
@@ -129,6 +130,22 @@ def start_local_ray(settings: Settings, **init: Any) -> None:
 
 
 ADDRESS_FILE = "ray-address"
+
+
+def forget_local_ray(address: str | None) -> None:
+    """After the local Ray at ``address`` has ended: the file naming it (unless another
+    service of this user has written its own there since) and the sockets of the shard pool
+    actors it ended without a word."""
+    runtime = private.runtime_directory()
+    if runtime is None:
+        return
+    path = os.path.join(runtime, ADDRESS_FILE)
+    with contextlib.suppress(OSError):
+        with open(path) as f:
+            ours = f.read().strip() == address
+        if ours:
+            os.unlink(path)
+    channel.remove_stale(runtime)
 
 
 def join(address: str | None) -> None:
@@ -260,11 +277,14 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
 def stop(joined: bool = False) -> None:
     """Take the app down. A local Ray started by ``start`` goes down whole (Serve, shards and
     all: the data is durable in the store); on a joined cluster only the app is deleted."""
-    node_id = None if joined else ray.get_runtime_context().get_node_id()
+    context = None if joined else ray.get_runtime_context()
+    node_id = None if context is None else context.get_node_id()
+    address = None if context is None else context.gcs_address
     try:
         if joined:
             serve.delete(APP_NAME)
     finally:
         ray.shutdown()
-        if node_id is not None:  # its HAProxy went down with it
+        if node_id is not None:  # what its processes left in the runtime directory
             fastpath.forget_node(node_id)
+            forget_local_ray(address)

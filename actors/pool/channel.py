@@ -80,7 +80,7 @@ class ChannelServer:
         # none (another actor with this pid, after a restart, binds another name).
         name = f"pool-{os.getpid()}-{secrets.token_hex(8)}.sock"
         self.path = os.path.join(directory, name)
-        _remove_stale(directory)
+        remove_stale(directory)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.bind(self.path)
@@ -179,7 +179,7 @@ def _recv(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _remove_stale(directory: str) -> None:
+def remove_stale(directory: str) -> None:
     """Sockets of pool actors that are gone (killed: nothing removed theirs)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
