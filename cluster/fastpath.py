@@ -196,7 +196,7 @@ def forget_node(node_id: str) -> None:
     runtime = private.runtime_directory()
     ours = runtime is not None and base == os.path.join(runtime, HAPROXY_DIR)
     fresh = os.path.dirname(base) == "/tmp" and os.path.basename(base).startswith("vvh-")
-    if not (ours or fresh):
+    if not (ours or fresh) or not (os.path.isdir(base) and private.is_private(base)):
         return
     shutil.rmtree(os.path.join(base, node_id), ignore_errors=True)
     if fresh:

@@ -262,7 +262,7 @@ class PostgresStore:
 
     def _tune_vacuum(self, conn: psycopg.Connection[Any], table: str) -> None:
         """:data:`VACUUM_TUNING` on ``table`` where it is missing; a user who may not alter the
-        table (it belongs to another role) is told, once, and goes on without it."""
+        table (it belongs to another role) is told so in the log, and goes on without it."""
         row = conn.execute(
             "SELECT c.reloptions, t.reloptions FROM pg_class c "
             "LEFT JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.oid = to_regclass(%s)",
