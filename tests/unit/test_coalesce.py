@@ -38,12 +38,24 @@ def run(coro: Any) -> Any:
 
 
 def test_requests_arriving_during_a_call_share_the_next_call():
+    """The first call is held until the others have arrived (no timing: a slow machine would
+    otherwise let it end before they come)."""
+
     async def main() -> tuple[list[int], SlowDouble]:
-        model = SlowDouble(delay_s=0.05)
-        c = Coalescer(model, max_batch_size=32)
+        model = SlowDouble(delay_s=0)
+        gate = asyncio.Event()
+
+        async def held(xs: list[int]) -> list[int]:
+            if xs == [0]:
+                await gate.wait()
+            return await model(xs)
+
+        c = Coalescer(held, max_batch_size=32)
         first = asyncio.create_task(c.submit(0))
-        await asyncio.sleep(0.01)  # the first call is running now
+        await asyncio.sleep(0)  # the first call is running now, held at the gate
         rest = [asyncio.create_task(c.submit(i)) for i in range(1, 11)]
+        await asyncio.sleep(0)  # every other request is waiting
+        gate.set()
         out = await asyncio.gather(first, *rest)
         return out, model
 
