@@ -351,9 +351,13 @@ def run_service(
             out["bytes_per_vector_restarted"] = (total - idle[0]) / n
             out["shard_bytes_per_vector_restarted"] = (shards - idle[1]) / n
         except BaseException:
-            keep = shutil.copy(
-                svc.log_path, tempfile.mkstemp(prefix="scale-serve-", suffix=".log")[1]
-            )
+            fd, keep = tempfile.mkstemp(prefix="scale-serve-", suffix=".log")  # mode 0600
+            with (
+                os.fdopen(fd, "wb") as out,
+                contextlib.suppress(OSError),
+                open(svc.log_path, "rb") as log,
+            ):
+                shutil.copyfileobj(log, out)
             print(f"the run failed: the service's log is kept in {keep}", file=sys.stderr)
             raise
         finally:

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import os
 import random
+import re
 import shutil
 import socket
 import sys
@@ -190,7 +191,7 @@ def forget_node(node_id: str) -> None:
     in a base :func:`haproxy_directory` makes (``hap`` in this user's runtime directory, or a
     ``vvh-`` one in /tmp); paths set elsewhere are left alone."""
     config = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
-    if not config or not node_id or os.path.basename(node_id) != node_id:
+    if not config or re.fullmatch(r"[0-9a-f]{56}", node_id) is None:
         return
     base = os.path.dirname(config)
     runtime = private.runtime_directory()

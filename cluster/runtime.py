@@ -277,9 +277,11 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
 def stop(joined: bool = False) -> None:
     """Take the app down. A local Ray started by ``start`` goes down whole (Serve, shards and
     all: the data is durable in the store); on a joined cluster only the app is deleted."""
-    context = None if joined else ray.get_runtime_context()
-    node_id = None if context is None else context.get_node_id()
-    address = None if context is None else context.gcs_address
+    node_id = address = None
+    if not joined and ray.is_initialized():
+        with contextlib.suppress(Exception):  # nothing to tidy is no reason not to shut down
+            context = ray.get_runtime_context()
+            node_id, address = context.get_node_id(), context.gcs_address
     try:
         if joined:
             serve.delete(APP_NAME)

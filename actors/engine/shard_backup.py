@@ -134,6 +134,7 @@ class ShardBackup:
         with self._snapshot_lock:
             incoming = self._incoming
             if n == 0:
+                self._incoming = None
                 if incoming is not None:
                     incoming.close()
                 spool = tempfile.TemporaryFile(dir=self.vector_dir or None)  # noqa: SIM115

@@ -94,10 +94,9 @@ class ShardLog:
         of times (actors.constants)."""
         if self.snapshot_bytes <= self.max_bytes:
             return self.records >= self.max_records or self.bytes >= self.max_bytes
-        return (
-            self.bytes >= constants.WAL_SNAPSHOT_SHARE * self.snapshot_bytes
-            or self.records >= max(self.max_records, constants.WAL_RECORDS_LARGE)
-        )
+        return self.bytes >= max(
+            self.max_bytes, constants.WAL_SNAPSHOT_SHARE * self.snapshot_bytes
+        ) or self.records >= max(self.max_records, constants.WAL_RECORDS_LARGE)
 
     def roll(self) -> int:
         """Start the next generation (records go to its log from now on); returns it."""

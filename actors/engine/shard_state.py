@@ -58,7 +58,8 @@ def restore(
     """The state in ``frame``: one buffer, or its consecutive chunks, each read once and
     released as the lists are read from it (a snapshot loaded from the store is never held
     whole); full vectors go to a new file in ``vector_dir``. ``check`` sees the frame's meta
-    and arrays before anything is allocated from what they say (a backup's bounds)."""
+    and arrays before the item table is sized from them (a backup's bounds; the lists and full
+    vectors are read by then, bounded by the frame's own size)."""
     chunks = [frame] if isinstance(frame, (bytes, bytearray, memoryview)) else frame
     read_as: dict[str, Callable[[codec.Reader, int], Any]] = {
         "index": read_index,

@@ -22,7 +22,7 @@ character sorts below U+007F, so ``_`` and ``%`` need no escaping). Values are a
 it returns (a session with ``synchronous_commit=off`` is switched back on).
 
 Both tables and their TOAST tables are vacuumed without the autovacuum's cost delay and at 2%
-dead rows (:data:`VACUUM_TUNING`, set when the tables are made, and on open where it is
+dead rows (:data:`VACUUM_TUNING`, set when the tables are made, and on open where a setting is
 missing and this user may set it): a shard's snapshot replaces gigabytes of chunks at a time,
 and the default throttled vacuum fell so far behind that a 10M × 128 ingest had taken 48 GB of
 disk by its 7.5 millionth item (docs/performance.md).
@@ -269,23 +269,30 @@ class PostgresStore:
             (table,),
         ).fetchone()
         have = set() if row is None else {*(row[0] or ()), *(f"toast.{o}" for o in row[1] or ())}
-        if all(f"{k}={v}" in have for k, v in VACUUM_TUNING.items()):
+        missing = {
+            k: v for k, v in VACUUM_TUNING.items() if not any(h.startswith(f"{k}=") for h in have)
+        }
+        if not missing:  # (an owner's own values stay)
             return
         options = sql.SQL(", ").join(
-            sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(v)) for k, v in VACUUM_TUNING.items()
+            sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(v)) for k, v in missing.items()
         )
         try:
             with conn.transaction():  # a savepoint: a refusal leaves the rest standing
+                conn.execute("SET LOCAL lock_timeout = '2s'")  # never behind a long vacuum
                 conn.execute(
                     sql.SQL("ALTER TABLE {} SET ({})").format(sql.Identifier(table), options)
                 )
-        except psycopg.errors.InsufficientPrivilege:
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.LockNotAvailable) as exc:
             log.warning(
-                "PostgreSQL store: cannot tune the autovacuum of %s (not its owner): ask its owner "
-                "to run ALTER TABLE %s SET (%s), or its disk may fill with dead snapshot chunks",
+                "PostgreSQL store: cannot tune the autovacuum of %s (%s): ask its owner to run "
+                "ALTER TABLE %s SET (%s), or its disk may fill with dead snapshot chunks",
                 table,
+                "not its owner"
+                if isinstance(exc, psycopg.errors.InsufficientPrivilege)
+                else "busy",
                 table,
-                ", ".join(f"{k} = {v}" for k, v in VACUUM_TUNING.items()),
+                ", ".join(f"{k} = {v}" for k, v in missing.items()),
             )
 
     def _check_open(self) -> None:
