@@ -23,6 +23,7 @@ from actors.engine.selection import GENERATIONS
 from actors.engine.strings import StringBlock, StringColumn
 from actors.storage.codec import pack_strings, unpack_strings
 
+LOOKUP_SHARE = 16  # filters matching at most 1/16 of the labels are looked up, not scanned
 COLUMN_BUILD_ROWS = 65_536  # items parsed at a time when the filter columns are first built
 
 
@@ -201,10 +202,23 @@ class ItemTable:
 
         No filter: (None, every live item). The filter is evaluated once for both.
         """
+        return self.select(node)[:2]
+
+    def select(self, node: FilterNode | None) -> tuple[np.ndarray | None, int, np.ndarray | None]:
+        """:meth:`selection`, and the matching live labels (ascending) when the filter was
+        answered by the columns' equality indexes without a pass over every label
+        (MetadataColumns.lookup: a filter matching at most 1 / LOOKUP_SHARE of them)."""
         if node is None:
-            return None, len(self)
-        mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
-        return np.packbits(mask, bitorder="little"), int(mask.sum())
+            return None, len(self), None
+        n = self.next_label
+        found = self.columns.lookup(node, n, n // LOOKUP_SHARE)
+        if found is None:
+            mask = self.columns.evaluate(node, n) & self.alive[:n]
+            return np.packbits(mask, bitorder="little"), int(mask.sum()), None
+        found = found[self.alive[found]]
+        mask = np.zeros(n, dtype=bool)
+        mask[found] = True
+        return np.packbits(mask, bitorder="little"), len(found), found
 
     # -- compaction (actors.engine.compaction) ----------------------------------------------------
     def dead_rows(self) -> int:

@@ -43,6 +43,7 @@ class Selection:
     bits: np.ndarray | None
     matched: int
     owner: Selections | None = field(default=None, repr=False)
+    labels: np.ndarray | None = field(default=None, repr=False)  # the matches, when looked up
     key: str = field(default="", repr=False)
     uses: int = 1
     _counts: np.ndarray | None = field(default=None, repr=False)
@@ -51,7 +52,11 @@ class Selection:
     def counts(self, part: PartitionIndex) -> np.ndarray:
         """The matching items per inverted list (computed on first use, then kept)."""
         if self._counts is None:
-            self._counts = part.list_counts(self.bits)
+            if self.labels is not None:  # from the matches alone, not a pass over every label
+                placed = part.list_of[self.labels[self.labels < len(part.list_of)]]
+                self._counts = np.bincount(placed[placed >= 0], minlength=part.nlist)
+            else:
+                self._counts = part.list_counts(self.bits)
         return self._counts
 
     def scan_exactly(self, part: PartitionIndex, nq: int, probe_items: float) -> bool:
@@ -84,9 +89,13 @@ class Selection:
         if found is None:
             assert self.bits is not None
             placed = part.list_of
-            n = min(len(placed), len(self.bits) * 8)
-            mask = np.unpackbits(self.bits, count=n, bitorder="little").view(bool)
-            labels = np.flatnonzero(mask & (placed[:n] >= 0))
+            if self.labels is not None:
+                labels = self.labels[self.labels < len(placed)]
+                labels = labels[placed[labels] >= 0]
+            else:
+                n = min(len(placed), len(self.bits) * 8)
+                mask = np.unpackbits(self.bits, count=n, bitorder="little").view(bool)
+                labels = np.flatnonzero(mask & (placed[:n] >= 0))
             found = (labels, part.reconstruct(labels))
             if self.owner is not None:
                 found = self.owner.keep(self, found)
@@ -125,8 +134,8 @@ class Selections:
                 self._cache.move_to_end(key)
                 hit.uses += 1
                 return hit
-        bits, matched = items.selection(node)
-        made = Selection(bits, matched, self, key=key)
+        bits, matched, labels = items.select(node)
+        made = Selection(bits, matched, self, labels, key=key)
         if self.entries <= 0:
             return made
         with self._lock:

@@ -624,3 +624,48 @@ def test_relabelled_matches_reference(
     assert {p: set(c.vocab) for p, c in out._cols.items()} == {
         p: set(c.vocab) for p, c in fresh._cols.items()
     }
+
+
+EQ_VALUE = st.one_of(
+    st.integers(-2, 2), st.sampled_from([0.0, 0.5, -1.5]), st.sampled_from(STRINGS)
+)
+EQ_COND = _pick(
+    (2, EQ_VALUE),
+    (1, EQ_VALUE.map(lambda v: {"$eq": v})),
+    (2, st.lists(EQ_VALUE, min_size=1, max_size=3).map(lambda vs: {"$in": vs})),
+)
+EQ_FILTER = st.dictionaries(st.sampled_from(PATHS), EQ_COND, min_size=1, max_size=2)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    docs=st.lists(DOC, min_size=2, max_size=40),
+    filters=st.lists(EQ_FILTER, min_size=1, max_size=3),
+    tail=st.integers(1, 6),
+)
+def test_equality_lookups_match_reference(
+    docs: list[dict[str, Any] | None], filters: list[dict[str, Any]], tail: int
+) -> None:
+    """``$eq``/``$in`` filters (and their ``$and``) found through the equality indexes match
+    the reference, on the index's own entries and on those appended after it was built."""
+    # a bulk of plain documents first, so that appends leave a path's index in place and
+    # the entries appended after it are compared one by one
+    plain: list[dict[str, Any] | None] = [{"a": i % 5 - 2, "b": STRINGS[i % 6]} for i in range(60)]
+    docs = plain + docs
+    cols = MetadataColumns()
+    head = max(1, len(docs) - tail)
+    cols.append(np.arange(head, dtype=np.int64), docs[:head])
+    looked_up = 0
+    for end in range(head, len(docs) + 1):
+        if end > head:  # one more document, after the indexes were built
+            cols.append(np.array([end - 1], dtype=np.int64), docs[end - 1 : end])
+        for flt in filters:
+            want = [r for r in range(end) if matches(docs[r], flt)]
+            for _ in range(2):  # the second evaluation of a path builds its index
+                node = parse_filter(flt)
+                assert np.flatnonzero(cols.evaluate(node, end)).tolist() == want, flt
+                found = cols.lookup(node, end, most=end * 4)
+                if found is not None:
+                    looked_up += 1
+                    assert found.tolist() == want, flt
+    assert looked_up > 0

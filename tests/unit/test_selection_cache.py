@@ -15,6 +15,7 @@ from actors.control.training import TrainParams, train_template
 from actors.engine import compaction
 from actors.engine import search as strategies
 from actors.engine.filters import FilterNode, parse_filter
+from actors.engine import items as items_module
 from actors.engine.items import ItemTable
 from actors.engine.ivf import serialize
 from actors.engine.selection import Selections
@@ -65,13 +66,13 @@ def truth(stored: dict[str, tuple[np.ndarray, str]], q: np.ndarray, tag: str) ->
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = ItemTable.selection
+    real = ItemTable.select
 
     def spy(self: ItemTable, node: FilterNode | None) -> object:
         calls.append(1)
         return real(self, node)
 
-    monkeypatch.setattr(ItemTable, "selection", spy)
+    monkeypatch.setattr(ItemTable, "select", spy)
     return calls
 
 
@@ -95,6 +96,7 @@ def test_a_repeated_filter_is_evaluated_once_and_writes_are_seen(
 
     check()
     before = len(calls)
+    assert before > 0
     assert search(shard, q, node, adaptive=False)[0] == truth(stored, q, "b")
     assert shard.count_matching(KEY, node) == 300
     assert len(calls) == before  # the kept evaluation answered both
@@ -238,3 +240,38 @@ def test_queries_scanned_exactly_teach_probing_nothing(
     assert np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
     monkeypatch.setattr(constants, "EXACT_SCAN_WORK", 0)  # probed: its needs count
     assert not np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "flt",
+    [
+        {"n": 8},
+        {"n": {"$in": list(range(0, 3000, 29))}},
+        {"n": {"$in": [5, "5", 5.0, 2999]}},
+        {"tag": "b"},
+        {"tag": "b", "n": {"$in": list(range(0, 200, 3))}},
+    ],
+)
+def test_a_filter_looked_up_answers_as_one_evaluated_over_every_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flt: dict[str, Any]
+) -> None:
+    """An equality filter found through the columns' index (its matching labels, not a pass
+    over every label) matches, counts and gathers the same items, deleted and replaced ones
+    left out."""
+    shard, x, q = trained(tmp_path, 11, 20)
+    shard.delete(KEY, [f"id{i}" for i in range(0, 3000, 7)])
+    shard.upsert(KEY, items(x[:100] + np.float32(0.01), 0, "b"))  # replaced: new labels
+    node = parse_filter(flt)
+    part = shard.partition
+    assert part is not None
+    found = [uncached(shard, q, node, adaptive=True) for _ in range(2)]  # the 2nd builds
+    looked = Selections(entries=0).of(shard.items, part, node)
+    assert looked.labels is not None
+    monkeypatch.setattr(items_module, "LOOKUP_SHARE", 1 << 62)  # every label evaluated
+    scanned = Selections(entries=0).of(shard.items, part, node)
+    assert scanned.labels is None
+    assert looked.matched == scanned.matched > 0
+    np.testing.assert_array_equal(looked.bits, scanned.bits)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(looked.counts(part), scanned.counts(part))
+    np.testing.assert_array_equal(looked.gathered(part)[0], scanned.gathered(part)[0])
+    assert uncached(shard, q, node, adaptive=True) == found[1] == found[0]

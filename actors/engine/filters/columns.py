@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.engine.filters.eqindex import EQ_INDEX_AFTER, EqIndex, lookup, stale
 from actors.engine.filters.tree import (
     And,
     Cmp,
@@ -73,7 +74,7 @@ _PENDING_KEYS = (*_DTYPES, "sval")
 class _Column:
     """Chunked typed arrays for one path plus lazily built contiguous views."""
 
-    __slots__ = ("_arrays", "_order", "_srank", "chunks", "dups", "vocab")
+    __slots__ = ("_arrays", "_eq", "_eq_uses", "_order", "_srank", "chunks", "dups", "vocab")
 
     def __init__(self) -> None:
         self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in _DTYPES}
@@ -82,6 +83,8 @@ class _Column:
         self._arrays: dict[str, np.ndarray] | None = None
         self._order: tuple[list[str], list[int]] | None = None
         self._srank: np.ndarray | None = None
+        self._eq: dict[str, EqIndex] = {}  # "nrow" / "srow": equality index (eqindex)
+        self._eq_uses = 0
 
     def add(self, p: _Pending) -> None:
         vocab = self.vocab
@@ -138,6 +141,31 @@ class _Column:
                 out[name] = lst[0] if lst else np.empty(0, dtype=_DTYPES[name])
             self._arrays = out
         return self._arrays
+
+    def equal_rows(self, kind: str, keys: list[Any], build: bool = True) -> np.ndarray | None:
+        """Rows of the entries of ``kind`` (``nrow``: numbers, ``srow``: strings, as codes)
+        equal to one of ``keys``, through the column's equality index; None while it has none
+        (``build``: count this lookup, building the index from the EQ_INDEX_AFTER-th on)."""
+        a = self.arrays()
+        rows, values = a[kind], a[_VALUES[kind]]
+        if not len(values):
+            return rows
+        index = self._eq.get(kind)
+        if stale(index, len(values)):
+            if not build:
+                return None
+            self._eq_uses += 1
+            if self._eq_uses < EQ_INDEX_AFTER:
+                return None
+            index = self._eq[kind] = EqIndex.build(rows, values)
+        assert index is not None
+        want = np.asarray(keys, dtype=values.dtype)
+        found = index.find(want)
+        if index.covered < len(values):  # entries appended since it was built
+            tail = values[index.covered :]
+            hit = tail == want[0] if len(want) == 1 else np.isin(tail, want)
+            found.append(rows[index.covered :][hit])
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def string_ranks(self) -> tuple[list[str], list[int], np.ndarray]:
         """(vocab keys, codes sorted by string, rank of every string entry); cached."""
@@ -281,10 +309,11 @@ class MetadataColumns:
         return out
 
     def nbytes(self) -> int:
-        """Bytes held by the columns' arrays (not the vocabularies' strings)."""
+        """Bytes held by the columns' arrays and equality indexes (not the vocabularies'
+        strings)."""
         return sum(
             arr.nbytes for col in self._cols.values() for lst in col.chunks.values() for arr in lst
-        )
+        ) + sum(ix.nbytes() for col in self._cols.values() for ix in col._eq.values())
 
     def evaluate(self, node: FilterNode | None, n_rows: int) -> np.ndarray:
         """Bool mask of length ``n_rows``; ``None`` matches everything."""
@@ -295,6 +324,12 @@ class MetadataColumns:
         width = max(n_rows, self._width)
         mask = self._eval(node, width)
         return mask if width == n_rows else mask[:n_rows].copy()
+
+    def lookup(self, node: FilterNode, width: int, most: int) -> np.ndarray | None:
+        """The labels below ``width`` that ``node`` matches, ascending and distinct, found
+        through the columns' equality indexes when it is their kind of filter (eqindex.lookup);
+        None otherwise: :meth:`evaluate` answers it."""
+        return lookup(self._cols.get, node, width, most)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -367,10 +402,17 @@ class MetadataColumns:
             self._mark_missing_branches(path, mask)
         nums = [float(v) for v in values if _is_num(v)]
         if nums and len(a["nval"]):
-            hit = a["nval"] == nums[0] if len(nums) == 1 else np.isin(a["nval"], nums)
-            _scatter(mask, a["nrow"], hit, "nrow" not in col.dups)
+            found = col.equal_rows("nrow", nums)
+            if found is not None:
+                mask[found] = True
+            else:
+                hit = a["nval"] == nums[0] if len(nums) == 1 else np.isin(a["nval"], nums)
+                _scatter(mask, a["nrow"], hit, "nrow" not in col.dups)
         codes = [col.vocab[v] for v in values if isinstance(v, str) and v in col.vocab]
-        if len(codes) == 1:
+        found = col.equal_rows("srow", codes) if codes else None
+        if found is not None:
+            mask[found] = True
+        elif len(codes) == 1:
             _scatter(mask, a["srow"], a["scode"] == codes[0], "srow" not in col.dups)
         elif codes:
             lut = np.zeros(len(col.vocab), dtype=np.bool_)
