@@ -282,9 +282,11 @@ class SearchResult:
 
 # Kinds of query whose probing scale the gateway fits apart (serve_app.gateway.probing): 0 unfiltered
 # (or a filter matching at least BROAD of the items), 1 a broad filter, 2 a selective one
-# (matching less than SELECTIVE).
+# (matching less than SELECTIVE); and EXACT_SCAN, queries a shard answered by an exact scan of
+# the items their filter matches, which no scale applies to.
 BROAD, SELECTIVE = 0.95, 0.3
-BUCKETS = ("unfiltered", "broad_filter", "selective_filter")
+BUCKETS = ("unfiltered", "broad_filter", "selective_filter", "exact_scan")
+EXACT_SCAN = 3
 
 
 def probe_slack(

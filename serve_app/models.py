@@ -346,7 +346,7 @@ class RecallReport(Model):
     probe_scale: dict[str, float] = Field(
         description="the calibrated slack's multiplier fitted to the measured queries: "
         "unfiltered (or a filter matching >= 95% of the items), broad_filter (>= 30%), "
-        "selective_filter"
+        "selective_filter (a filter answered by an exact scan of its matches has no scale)"
     )
     auto_queries: int
     lists_scanned_per_query: float | None

@@ -29,7 +29,7 @@ from faiss import swig_ptr
 
 from actors.engine.ivf import PartitionIndex
 from actors.engine.selection import Selection
-from actors.types import SearchRequest, auto_nprobe, probe_slack
+from actors.types import EXACT_SCAN, SearchRequest, auto_nprobe, probe_slack
 
 
 def adaptive(
@@ -301,7 +301,7 @@ class Found:
     labels: np.ndarray  # (nq, k) int64, -1 where empty
     scanned: int  # inverted lists scanned, summed over the queries
     needed: np.ndarray | None = None  # measure: the probing scale each result needs
-    bucket: int = 0  # adaptive, measure: the selectivity bucket whose scale applied
+    bucket: int = 0  # adaptive, measure: the selectivity bucket whose scale applied (EXACT_SCAN)
 
 
 Strategy = Callable[[PartitionIndex, SearchRequest, "np.ndarray | None", Scope], Found]
@@ -328,7 +328,7 @@ def adaptive_strategy(
     p = req.probing
     slack, _, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
     if scope.selection.scan_exactly(part, len(req.queries), _probe_items(part, scope, req.k)):
-        return exact_matching(part, req, scope, bucket)
+        return exact_matching(part, req, scope)
     counts = scope.selection.counts(part)
     dist, labels, per_query = adaptive(
         part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, p.first, slack, counts
@@ -342,7 +342,7 @@ def _probe_items(part: PartitionIndex, scope: Scope, k: int) -> float:
     return auto_nprobe(scope.nprobe_table, part.nlist, k) * part.ntotal / max(1, part.nlist)
 
 
-def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope, bucket: int) -> Found:
+def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope) -> Found:
     """A selective filter's exact answer: every matching item's distance (Selection.gathered).
     Its lists scanned are counted as the lists that many items fill on average."""
     labels, vectors = scope.selection.gathered(part)
@@ -372,7 +372,7 @@ def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope, bucke
         distances[:, :kk] = np.take_along_axis(d, order, axis=1)
         found[:, :kk] = labels[np.take_along_axis(rows, order, axis=1)]
     per_query = math.ceil(len(labels) * part.nlist / max(1, part.ntotal))
-    return Found(distances, found, nq * per_query, None, bucket)
+    return Found(distances, found, nq * per_query, None, EXACT_SCAN)
 
 
 def measure(
@@ -387,6 +387,7 @@ def measure(
     if scope.selection.exact_eligible(part, _probe_items(part, scope, req.k)):
         # its queries are scanned exactly: no lesson for probing's scale, none worked out
         needed = np.full(labels.shape, np.nan)
+        bucket = EXACT_SCAN
     else:
         counts = scope.selection.counts(part)
         needed = slack_needed(

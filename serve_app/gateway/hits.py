@@ -13,7 +13,7 @@ import orjson
 
 from actors.engine.filters import FilterNode
 from actors.engine.strings import StringBlock, concat_columns, replace_rows, take_along_columns
-from actors.types import Fetched, SearchResult
+from actors.types import EXACT_SCAN, Fetched, SearchResult
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,9 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
             needed = np.take_along_axis(cat, col, axis=1)
     counts = np.isfinite(d).sum(axis=1)
     scanned = sum(p.lists_scanned for p in parts) / len(parts)
-    bucket = max(p.bucket for p in parts)
+    # a shard that probed tells the kind (its scale applied); EXACT_SCAN if every shard scanned
+    probed = [p.bucket for p in parts if p.bucket != EXACT_SCAN]
+    bucket = max(probed) if probed else EXACT_SCAN
     return Hits(d, ids, meta, counts, scanned, needed, bucket)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from actors.control.client import ControlClient
-from actors.types import Probing
+from actors.types import EXACT_SCAN, Probing
 from serve_app import constants
 from serve_app import telemetry as stages
 from serve_app.gateway.hits import Hits, Query
@@ -74,8 +74,9 @@ class Measuring:
             exact = await self._exact(cv, x[rows], q, probing)
             if exact.needed is None:  # a shard on another training version searched as planned
                 return None
-            if state.buckets[exact.bucket].measured >= constants.RECALL_MIN_SAMPLES:
-                state.warmed_in_vain += 1  # its kind had a scale: it need not have waited
+            had_scale = state.buckets[exact.bucket].measured >= constants.RECALL_MIN_SAMPLES
+            if had_scale or exact.bucket == EXACT_SCAN:
+                state.warmed_in_vain += 1  # its kind had a scale, or needs none: need not wait
             state.learn(exact.bucket, exact.needed)
         except Exception as exc:  # answered without it, as after a failed measurement
             log.warning(

@@ -42,7 +42,7 @@ import numpy as np
 
 from actors.control.training import smallest_scale
 from actors.storage import codec
-from actors.types import BUCKETS
+from actors.types import BUCKETS, EXACT_SCAN
 from serve_app import constants
 
 log = logging.getLogger("vaultvec.probing")
@@ -94,7 +94,8 @@ class IndexProbing:
 
     @property
     def scales(self) -> tuple[float, ...]:
-        return tuple(b.scale for b in self.buckets)
+        """The probing kinds' scales (not EXACT_SCAN's: no scale applies to it)."""
+        return tuple(b.scale for b in self.buckets[:EXACT_SCAN])
 
     def record(self, bucket: int, served: np.ndarray, needed: np.ndarray) -> None:
         """Measured queries: recall of what was served (per query), and per exact result the
@@ -120,14 +121,17 @@ class IndexProbing:
 
     def early_left(self, bucket: int) -> int:
         """How many more queries of ``bucket`` are measured early (all of them, up to
-        RECALL_EARLY measured per bucket)."""
+        RECALL_EARLY measured per bucket; none of those scanned exactly, which have no scale
+        to learn: they are sampled at the share)."""
+        if bucket == EXACT_SCAN:
+            return 0
         return max(0, constants.RECALL_EARLY - self.buckets[bucket].measured)
 
     def cold(self, filtered: bool) -> bool:
         """Whether a query's bucket may still have no fitted scale: unfiltered, the first
         bucket; filtered, a selective bucket (which one the shards tell only once they
         searched)."""
-        buckets = self.buckets[1:] if filtered else self.buckets[:1]
+        buckets = self.buckets[1:EXACT_SCAN] if filtered else self.buckets[:1]
         return any(b.measured < constants.RECALL_MIN_SAMPLES for b in buckets)
 
     def pack(self) -> bytes:
@@ -158,8 +162,11 @@ class IndexProbing:
         state.served.extend(arrays["served"].tolist())
         state.sampled, state.queries = int(meta["sampled"]), int(meta["queries"])
         state.lists_scanned = float(meta["lists_scanned"])
-        for i, b in enumerate(state.buckets):
-            b.scale = float(meta["scales"][i])
+        scales = meta["scales"]
+        kept = len(meta["measured"]) if "measured" in meta else len(scales)
+        # a state kept before a kind was added has none of it: that kind starts afresh
+        for i, b in enumerate(state.buckets[:kept]):
+            b.scale = float(scales[i]) if i < len(scales) else 1.0
             flat, lens = arrays[f"needed{i}"], arrays[f"lens{i}"]
             b.measured = int(meta["measured"][i]) if "measured" in meta else len(lens)
             b.needed.extend(
@@ -173,7 +180,10 @@ class IndexProbing:
             "estimate": round(float(np.mean(self.served)), 4) if self.served else None,
             "target": self.target,
             "sampled_queries": self.sampled,
-            "probe_scale": {name: round(b.scale, 4) for name, b in zip(BUCKETS, self.buckets)},
+            "probe_scale": {
+                name: round(b.scale, 4)
+                for name, b in zip(BUCKETS[:EXACT_SCAN], self.buckets[:EXACT_SCAN])
+            },
             "auto_queries": self.queries,
             "lists_scanned_per_query": (
                 round(self.lists_scanned / self.queries, 2) if self.queries else None

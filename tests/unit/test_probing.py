@@ -26,9 +26,11 @@ from actors.engine.filters import parse_filter
 from actors.engine.ivf import PartitionIndex, serialize
 from actors.engine.search import merge_topk
 from actors.engine.shard import Shard
+from actors.engine.strings import StringBlock
 from actors.pool import wire
-from actors.storage import LocalStore, persistence
+from actors.storage import LocalStore, codec, persistence
 from actors.types import (
+    EXACT_SCAN,
     IndexConfig,
     IndexMeta,
     Probing,
@@ -568,7 +570,7 @@ def test_queries_with_no_exact_result_still_end_a_kinds_early_measurements() -> 
     assert not state.cold(filtered=True)  # nothing to wait for: not measured first again
     assert m.warm_rows(500, 10, state, small, filtered=True).size == 0
     again = IndexProbing.unpack(state.pack())
-    assert [b.measured for b in again.buckets] == [0, RECALL_MIN_SAMPLES, RECALL_EARLY]
+    assert [b.measured for b in again.buckets] == [0, RECALL_MIN_SAMPLES, RECALL_EARLY, 0]
 
 
 def test_one_batch_of_a_kind_at_a_time_waits_for_its_measurement() -> None:
@@ -578,3 +580,54 @@ def test_one_batch_of_a_kind_at_a_time_waits_for_its_measurement() -> None:
     state.warming.add(False)  # an unfiltered first batch is being measured
     assert m.warm_rows(500, 10, state, small, filtered=False).size == 0
     assert m.warm_rows(500, 10, state, small, filtered=True).size == RECALL_EARLY_ROWS
+
+
+def test_queries_scanned_exactly_leave_the_selective_kind_its_early_measurements() -> None:
+    """A selective filter answered by an exact scan has no scale to learn: its queries are
+    their own kind, sampled at the share, and the selective filters that probe are still
+    measured from their first query on."""
+    m = RecallMonitor(share=0.01, seed=0)
+    state = IndexProbing(version=1, target=0.95)
+    small = RECALL_EARLY_WORK // RECALL_EARLY_ROWS
+    state.learn(EXACT_SCAN, np.full((RECALL_EARLY, 10), np.nan))
+    assert state.early_left(EXACT_SCAN) == 0
+    assert len(m.pick(500, 10, state, small, bucket=EXACT_SCAN)) < RECALL_EARLY_ROWS
+    assert state.early_left(2) == RECALL_EARLY
+    assert len(m.pick(500, 10, state, small, bucket=2)) == RECALL_EARLY_ROWS
+    assert state.cold(filtered=True)
+    assert len(state.scales) == EXACT_SCAN  # a scale per probing kind only
+    assert set(state.report()["probe_scale"]) == {"unfiltered", "broad_filter", "selective_filter"}
+
+
+def part(bucket: int) -> SearchResult:
+    d = np.array([[1.0, 2.0]], dtype=np.float32)
+    return SearchResult(d, StringBlock.from_list(["a", "b"], (1, 2)), None, 1, bucket=bucket)
+
+
+def test_a_batch_is_of_the_kind_its_probing_shards_tell() -> None:
+    assert merge([part(2), part(EXACT_SCAN)], 2, False).bucket == 2
+    assert merge([part(EXACT_SCAN), part(EXACT_SCAN)], 2, False).bucket == EXACT_SCAN
+    assert merge([part(0), part(1)], 2, False).bucket == 1
+
+
+def test_a_state_kept_before_the_exact_scan_kind_keeps_its_scales() -> None:
+    """What an earlier vaultvec kept (three kinds) is read, not learned afresh."""
+    needs = [np.array([0.5, 0.7]), np.array([1.2]), np.array([2.0, 2.5, 3.0])]
+    meta = {
+        "version": 3,
+        "target": 0.95,
+        "scales": [0.8, 1.1, 2.4],
+        "sampled": 700,
+        "queries": 9000,
+        "lists_scanned": 12.5,
+        "measured": [400, 300, 250],
+    }
+    arrays = {"served": np.array([0.9, 1.0])}
+    for i, r in enumerate(needs):
+        arrays[f"lens{i}"] = np.array([len(r)], dtype=np.int64)
+        arrays[f"needed{i}"] = r
+    state = IndexProbing.unpack(codec.pack(meta, arrays))
+    assert state.scales == (0.8, 1.1, 2.4)
+    assert [b.measured for b in state.buckets] == [400, 300, 250, 0]
+    assert [list(b.needed[0]) for b in state.buckets[:3]] == [list(r) for r in needs]
+    assert state.early_left(2) == RECALL_EARLY - 250

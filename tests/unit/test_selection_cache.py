@@ -3,6 +3,7 @@ once, and every write, deletion, update, compaction and training swap in between
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,15 @@ import pytest
 from actors import constants
 from actors.control.training import TrainParams, train_template
 from actors.engine import compaction
+from actors.engine import items as items_module
 from actors.engine import search as strategies
 from actors.engine.filters import FilterNode, parse_filter
-from actors.engine import items as items_module
 from actors.engine.items import ItemTable
 from actors.engine.ivf import serialize
 from actors.engine.selection import Selections
 from actors.engine.shard import Shard
 from actors.engine.updates import parse_update
-from actors.types import Probing, SearchRequest, UpsertBatch
+from actors.types import EXACT_SCAN, Probing, SearchRequest, UpsertBatch
 from tests.helpers import clustered, exact_knn
 
 KEY = bytes(range(32))
@@ -237,9 +238,15 @@ def test_queries_scanned_exactly_teach_probing_nothing(
     coarse, lists = shard.partition.assign(q, 1)  # type: ignore[union-attr]
     probing = Probing("measure", first=1, slacks=(0.3, 0.5))
     req = SearchRequest(q, K, shard.version, lists, coarse, node, probing=probing)
-    assert np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
+    measured = shard.search(KEY, req)
+    assert np.isnan(measured.needed).all()  # type: ignore[arg-type]
+    assert measured.bucket == EXACT_SCAN  # its own kind: no scale to learn
+    answered = shard.search(KEY, replace(req, probing=replace(probing, mode="adaptive")))
+    assert answered.bucket == EXACT_SCAN
     monkeypatch.setattr(constants, "EXACT_SCAN_WORK", 0)  # probed: its needs count
-    assert not np.isnan(shard.search(KEY, req).needed).all()  # type: ignore[arg-type]
+    measured = shard.search(KEY, req)
+    assert not np.isnan(measured.needed).all()  # type: ignore[arg-type]
+    assert measured.bucket == 2
 
 
 @pytest.mark.parametrize(
