@@ -451,7 +451,7 @@ class Shard(ShardReads, ShardBackup, ShardMoves, ShardTraining):
                 self.keys.begin(key, new_key, epoch)
                 frame = self._capture()
                 gen = self.log.roll()
-            self.log.put_snapshot(new_key, epoch, frame, gen)
+            self.log.write_rotation_snapshot(new_key, epoch, frame, gen)
 
     def commit_rotation(self, epoch: int) -> None:
         """Step 5, after the switch to ``epoch``: write under the next key only. A partition

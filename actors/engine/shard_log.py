@@ -112,6 +112,14 @@ class ShardLog:
             self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
         self.snapshot_gen = max(self.snapshot_gen, gen)
 
+    def write_rotation_snapshot(
+        self, new_key: bytes, epoch: int, frame: bytes | Frame, gen: int
+    ) -> None:
+        """A key rotation's first snapshot: the whole state under ``new_key`` alone, in its
+        new epoch; the latest snapshot (its size bounds the WAL, :meth:`full`)."""
+        self.put_snapshot(new_key, epoch, frame, gen)
+        self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
+
     def put_snapshot(self, key: bytes, epoch: int, frame: bytes | Frame, gen: int) -> None:
         persistence.put_snapshot(
             self.store,

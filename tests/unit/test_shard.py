@@ -64,6 +64,20 @@ def test_a_growing_shard_rewrites_its_state_a_bounded_number_of_times(tmp_path: 
     assert reloaded.log.snapshot_bytes == shard.log.snapshot_bytes
 
 
+def test_a_rotations_snapshot_is_the_one_the_wal_is_bounded_by(tmp_path: Path) -> None:
+    """A key rotation writes the whole state as the new epoch's snapshot: the WAL's share
+    rule then counts from that snapshot, not from an older, smaller one."""
+    x = clustered(2000, 32, seed=5)
+    shard = new_shard(tmp_path, wal_max_records=10**6, wal_max_bytes=1 << 30)
+    for start in range(0, 2000, 200):
+        shard.upsert(KEY, batch(x[start : start + 200], start))
+    assert shard.log.snapshot_bytes == 0  # nothing rolled yet
+    shard.begin_rotation(KEY, bytes(range(1, 33)), 1)
+    frame = shard._capture()
+    assert shard.log.snapshot_bytes == (frame.nbytes if hasattr(frame, "nbytes") else len(frame))
+    assert shard.log.snapshot_bytes > 2000 * 32 * 4
+
+
 def test_untrained_is_exact_and_survives_reload(tmp_path: Path) -> None:
     x = clustered(500, 16, seed=1)
     shard = new_shard(tmp_path, wal_max_records=4)
