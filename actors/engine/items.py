@@ -218,7 +218,8 @@ class ItemTable:
         found = found[self.alive[found]]
         mask = np.zeros(n, dtype=bool)
         mask[found] = True
-        return np.packbits(mask, bitorder="little"), len(found), found
+        labels = found.astype(np.int32) if n < 2**31 else found  # kept with the selection
+        return np.packbits(mask, bitorder="little"), len(found), labels
 
     # -- compaction (actors.engine.compaction) ----------------------------------------------------
     def dead_rows(self) -> int:

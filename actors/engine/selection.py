@@ -9,8 +9,9 @@ evaluations, keyed by the filter (its repr, which keeps the types that ``==`` do
 drops them all on any change to the items or to the lists: every write, deletion, compaction
 and training swap stamps the item table or the partition afresh (:data:`GENERATIONS`).
 
-The bitmaps hold which items match, nothing more than the filter columns they were computed
-from; they live in the shard's memory only.
+The bitmaps (and, for a filter looked up by value, its matching labels: at most 1/16 of the
+shard's, 4 bytes each) hold which items match, nothing more than the filter columns they were
+computed from; they live in the shard's memory only.
 """
 
 from __future__ import annotations
