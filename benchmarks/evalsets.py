@@ -183,7 +183,11 @@ def build(n_docs: int, n_queries: int, seed: int = 0, log: Any = print) -> Path:
     queries = [phrases[i] for i in qpick]
     log(f"  embedding {len(chosen):,} documents and {len(queries):,} queries")
     dv = model.encode(
-        [t for t, _, _ in chosen], batch_size=64, normalize_embeddings=True, convert_to_numpy=True
+        [t for t, _, _ in chosen],
+        batch_size=64,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=True,  # minutes on 2 cores
     ).astype(np.float32)
     qv = model.encode(
         queries, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
@@ -352,7 +356,11 @@ def build_titles(n_docs: int, n_queries: int, n_traffic: int, seed: int, log: An
 
     def embed(texts: list[str]) -> np.ndarray:
         return model.encode(
-            texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
+            texts,
+            batch_size=64,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=len(texts) > 5000,  # the passages: minutes on 2 cores
         ).astype(np.float32)
 
     path.mkdir(parents=True, exist_ok=True)
