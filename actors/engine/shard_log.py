@@ -116,7 +116,7 @@ class ShardLog:
         self, new_key: bytes, epoch: int, frame: bytes | Frame, gen: int
     ) -> None:
         """A key rotation's first snapshot: the whole state under ``new_key`` alone, in its
-        new epoch; the latest snapshot (its size bounds the WAL, :meth:`full`)."""
+        new epoch; the latest snapshot (its size bounds the WAL: :meth:`due`)."""
         self.put_snapshot(new_key, epoch, frame, gen)
         self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
 
