@@ -22,10 +22,8 @@ character sorts below U+007F, so ``_`` and ``%`` need no escaping). Values are a
 it returns (a session with ``synchronous_commit=off`` is switched back on).
 
 Both tables and their TOAST tables are vacuumed without the autovacuum's cost delay and at 2%
-dead rows (:data:`VACUUM_TUNING`, set when the tables are made, and on open where a setting is
-missing and this user may set it): a shard's snapshot replaces gigabytes of chunks at a time,
-and the default throttled vacuum fell so far behind that a 10M × 128 ingest had taken 48 GB of
-disk by its 7.5 millionth item (docs/performance.md).
+dead rows (actors.storage.postgres_vacuum says why): set when the tables are made, and on open
+where a setting is missing and this user may set it.
 
 Snapshot swaps need no multi-key transaction: a shard puts its new snapshot before it deletes
 older snapshots and WAL generations, and loading takes the newest snapshot and skips the WAL
@@ -55,6 +53,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from actors import constants
 from actors.storage.base import StoreError, validate_key, validate_prefix
+from actors.storage.postgres_vacuum import tune_vacuum
 
 T = TypeVar("T")
 
@@ -62,12 +61,6 @@ MAX_VALUE = (1 << 30) - 5  # bytea: 1 GiB including its 4-byte length header
 _PREFIX_END = "\x7f"  # sorts after every key character ([A-Za-z0-9._/-])
 _TABLE_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _SCHEMA_LOCK = 0x76766563  # 'vvec': first half of the advisory lock guarding schema creation
-VACUUM_TUNING = {
-    "autovacuum_vacuum_cost_delay": "0",
-    "autovacuum_vacuum_scale_factor": "0.02",
-    "toast.autovacuum_vacuum_cost_delay": "0",
-    "toast.autovacuum_vacuum_scale_factor": "0.02",
-}
 log = logging.getLogger("vaultvec.store")
 _LOST_STATES = ("08", "57P01", "57P02", "57P03")  # connection exceptions, server shutdown/start
 _DEFAULTS = {
@@ -256,44 +249,9 @@ class PostgresStore:
                     for statement in self._q["schema"]:
                         conn.execute(statement)
                 for table in (self._blobs, self._log):
-                    self._tune_vacuum(conn, table)
+                    tune_vacuum(conn, table)
         except psycopg.Error as exc:
             raise self._error("create tables", self._blobs, _reason(exc)) from None
-
-    def _tune_vacuum(self, conn: psycopg.Connection[Any], table: str) -> None:
-        """:data:`VACUUM_TUNING` on ``table`` where it is missing; a user who may not alter the
-        table (it belongs to another role) is told so in the log, and goes on without it."""
-        row = conn.execute(
-            "SELECT c.reloptions, t.reloptions FROM pg_class c "
-            "LEFT JOIN pg_class t ON t.oid = c.reltoastrelid WHERE c.oid = to_regclass(%s)",
-            (table,),
-        ).fetchone()
-        have = set() if row is None else {*(row[0] or ()), *(f"toast.{o}" for o in row[1] or ())}
-        missing = {
-            k: v for k, v in VACUUM_TUNING.items() if not any(h.startswith(f"{k}=") for h in have)
-        }
-        if not missing:  # (an owner's own values stay)
-            return
-        options = sql.SQL(", ").join(
-            sql.SQL("{} = {}").format(sql.SQL(k), sql.Literal(v)) for k, v in missing.items()
-        )
-        try:
-            with conn.transaction():  # a savepoint: a refusal leaves the rest standing
-                conn.execute("SET LOCAL lock_timeout = '2s'")  # never behind a long vacuum
-                conn.execute(
-                    sql.SQL("ALTER TABLE {} SET ({})").format(sql.Identifier(table), options)
-                )
-        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.LockNotAvailable) as exc:
-            log.warning(
-                "PostgreSQL store: cannot tune the autovacuum of %s (%s): ask its owner to run "
-                "ALTER TABLE %s SET (%s), or its disk may fill with dead snapshot chunks",
-                table,
-                "not its owner"
-                if isinstance(exc, psycopg.errors.InsufficientPrivilege)
-                else "busy",
-                table,
-                ", ".join(f"{k} = {v}" for k, v in missing.items()),
-            )
 
     def _check_open(self) -> None:
         if self._closed:

@@ -19,7 +19,7 @@ psycopg = pytest.importorskip(
     "psycopg", reason='psycopg not installed: pip install -e ".[postgres]"'
 )
 
-from actors.storage import postgres  # noqa: E402
+from actors.storage import postgres, postgres_vacuum  # noqa: E402
 from actors.storage.postgres import PostgresStore  # noqa: E402
 
 
@@ -234,13 +234,13 @@ def test_snapshot_churn_is_vacuumed_without_the_default_delay(
     """Snapshots replace gigabytes of chunks at a time: both tables and their TOAST tables are
     vacuumed unthrottled, set when they are made and on open where missing; a role that does
     not own them still opens the store, told why the tuning is missing."""
-    tuned = {f"{k}={v}" for k, v in postgres.VACUUM_TUNING.items()}
+    tuned = {f"{k}={v}" for k, v in postgres_vacuum.VACUUM_TUNING.items()}
     tables = ("vaultvec_blobs", "vaultvec_log")
     PostgresStore(fresh_postgres_url).close()
     for table in tables:
         assert tuned <= _vacuum_options(fresh_postgres_url, table)
     name = fresh_postgres_url.rsplit("/", 1)[1]
-    reset = ", ".join(postgres.VACUUM_TUNING)
+    reset = ", ".join(postgres_vacuum.VACUUM_TUNING)
     for table in tables:
         postgres_server.execute(f"ALTER TABLE {table} RESET ({reset})", name)
     role = f"other_{name}"
