@@ -90,6 +90,9 @@ class ItemTable:
         """Labels of the live items that ``node`` matches (every live item when None)."""
         if node is None:
             return self.live_labels()
+        found = self._looked_up(node)
+        if found is not None:
+            return found
         mask = self.columns.evaluate(node, self.next_label) & self.alive[: self.next_label]
         return np.flatnonzero(mask).astype(np.int64)
 
@@ -211,15 +214,21 @@ class ItemTable:
         if node is None:
             return None, len(self), None
         n = self.next_label
-        found = self.columns.lookup(node, n, n // LOOKUP_SHARE)
+        found = self._looked_up(node)
         if found is None:
             mask = self.columns.evaluate(node, n) & self.alive[:n]
             return np.packbits(mask, bitorder="little"), int(mask.sum()), None
-        found = found[self.alive[found]]
         mask = np.zeros(n, dtype=bool)
         mask[found] = True
         labels = found.astype(np.int32) if n < 2**31 else found  # kept with the selection
         return np.packbits(mask, bitorder="little"), len(found), labels
+
+    def _looked_up(self, node: FilterNode) -> np.ndarray | None:
+        """The live labels ``node`` matches, ascending, when the columns' equality indexes
+        find them (MetadataColumns.lookup, at most 1 / LOOKUP_SHARE of the labels); else None."""
+        n = self.next_label
+        found = self.columns.lookup(node, n, n // LOOKUP_SHARE)
+        return None if found is None else found[self.alive[found]]
 
     # -- compaction (actors.engine.compaction) ----------------------------------------------------
     def dead_rows(self) -> int:

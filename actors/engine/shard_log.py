@@ -109,7 +109,7 @@ class ShardLog:
         for sealing, epoch in self.keys.sealing(key):
             self.put_snapshot(sealing, epoch, frame, gen)
         if gen >= self.snapshot_gen:
-            self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
+            self.snapshot_bytes = _size(frame)
         self.snapshot_gen = max(self.snapshot_gen, gen)
 
     def write_rotation_snapshot(
@@ -118,7 +118,7 @@ class ShardLog:
         """A key rotation's first snapshot: the whole state under ``new_key`` alone, in its
         new epoch; the latest snapshot (its size bounds the WAL: :meth:`due`)."""
         self.put_snapshot(new_key, epoch, frame, gen)
-        self.snapshot_bytes = frame.nbytes if isinstance(frame, Frame) else len(frame)
+        self.snapshot_bytes = _size(frame)
 
     def put_snapshot(self, key: bytes, epoch: int, frame: bytes | Frame, gen: int) -> None:
         persistence.put_snapshot(
@@ -132,3 +132,7 @@ class ShardLog:
             gen,
             self.chunk_bytes,
         )
+
+
+def _size(frame: bytes | Frame) -> int:
+    return frame.nbytes if isinstance(frame, Frame) else len(frame)

@@ -274,9 +274,11 @@ def test_a_filter_looked_up_answers_as_one_evaluated_over_every_label(
     found = [uncached(shard, q, node, adaptive=True) for _ in range(2)]  # the 2nd builds
     looked = Selections(entries=0).of(shard.items, part, node)
     assert looked.labels is not None
+    looked_matching = shard.items.matching(node)  # what count and delete by filter use
     monkeypatch.setattr(items_module, "LOOKUP_SHARE", 1 << 62)  # every label evaluated
     scanned = Selections(entries=0).of(shard.items, part, node)
     assert scanned.labels is None
+    np.testing.assert_array_equal(looked_matching, shard.items.matching(node))
     assert looked.matched == scanned.matched > 0
     np.testing.assert_array_equal(looked.bits, scanned.bits)  # type: ignore[arg-type]
     np.testing.assert_array_equal(looked.counts(part), scanned.counts(part))
