@@ -41,7 +41,7 @@ class IndexConfig:
     # (top_k, n_probes) pairs from calibration, ascending top_k.
     nprobe_table: tuple[tuple[int, int], ...] = ()
     recall_target: float = 0.95
-    # Automatic probing (actors.engine.search.adaptive): (top_k, first, slack unfiltered,
+    # Automatic probing (actors.engine.adaptive): (top_k, first, slack unfiltered,
     # slack under a 10% filter) from calibration, ascending top_k; empty (an index trained
     # before it existed) = the fixed table.
     probe_table: tuple[tuple[int, int, float, float], ...] = ()
@@ -234,8 +234,12 @@ class Probing:
       the calibrated table), which a shard holding another training version than the gateway
       planned with uses to assign the lists itself;
     - ``adaptive``: scan ``first`` of the planned lists, then those the slack admits; slacks and
-      the gateway's scales for (unfiltered, a filter matching <= 10%): see :func:`probe_slack`;
-    - ``measure``: answer exactly and tell the slack each result needed (the same ``first``);
+      the gateway's scales for (unfiltered, a filter matching <= 10%): see :func:`probe_slack`.
+      A kind whose ``fixed`` is not 0 scans a fixed count of lists instead, that multiple of
+      ``first`` (:func:`fixed_lists`), where the gateway measured it cheaper for its recall;
+    - ``measure``: answer exactly and tell what each result needed: the slack (the same
+      ``first``) and the lists in centroid order; and per query the lists the adaptive rule
+      scans at each of :data:`REACH_SCALES`;
     - ``greedy``: probe in centroid order until no list can hold a closer item.
     """
 
@@ -244,6 +248,7 @@ class Probing:
     first: int = 0
     slacks: tuple[float, float] = (0.0, 0.0)
     scales: tuple[float, ...] = (1.0, 1.0, 1.0)
+    fixed: tuple[float, ...] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         if self.mode not in PROBING_MODES:
@@ -278,6 +283,10 @@ class SearchResult:
     needed: np.ndarray | None = None
     bucket: int = 0
     matched: int = 0  # live items on this shard that the filter matches (all, without one)
+    # measure requests: per result, the lists in centroid order that find it (its list's rank
+    # + 1; nan: no result); per query, the lists the adaptive rule scans at REACH_SCALES
+    lists_needed: np.ndarray | None = None
+    reach: np.ndarray | None = None
 
 
 # Kinds of query whose probing scale the gateway fits apart (serve_app.gateway.probing): 0 unfiltered
@@ -287,6 +296,15 @@ class SearchResult:
 BROAD, SELECTIVE = 0.95, 0.3
 BUCKETS = ("unfiltered", "broad_filter", "selective_filter", "exact_scan")
 EXACT_SCAN = 3
+# The probing scales at which a measured query tells the lists the adaptive rule would scan
+# (SearchResult.reach): 2^-6 to 2^6 in quarter powers of two.
+REACH_SCALES = tuple(2.0 ** (i / 4) for i in range(-24, 25))
+
+
+def fixed_lists(multiple: float, first: int) -> int:
+    """Lists a kind probed with a fixed count scans: ``multiple`` times ``first``, rounded
+    down (a fitted multiple lies a hair above the lists its queries needed)."""
+    return max(1, math.floor(multiple * first + 1e-9))
 
 
 def probe_slack(

@@ -4,7 +4,7 @@ The evaluation sets of benchmarks/recall.py (``--set``: text or titles, from the
 benchmarks/evalsets.py builds) stored in two in-process shards, trained as the
 service trains (automatic n_lists, the sample size and calibration of actors/control/trainer.py),
 then their 1,000 evaluation queries answered per filter with fixed n_probes and with the
-adaptive rule (actors/engine/search.py) at a range of probing scales: recall@10 and lists scanned
+adaptive rule (actors/engine/adaptive.py) at a range of probing scales: recall@10 and lists scanned
 per query (averaged over the shards) for each. It shows where the rule spends more lists than a
 fixed n_probes for the same recall, and how steeply recall rises with lists near the target:
 what a margin above the target costs.
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             probing = Probing(
                 "adaptive", first=first, slacks=(slack, slack_filtered), scales=(s, s, s)
             )
-            recall, lists = answer(shards, quantizer, q, node, truth, plan_width(first), probing)
+            recall, lists = answer(shards, quantizer, q, node, truth, plan_width(probing), probing)
             print(f"    adaptive, scale {s:.2f}: recall {recall:.4f}, lists {lists:.1f}")
     return 0
 

@@ -57,6 +57,13 @@ RECALL_MAX_K = 100
 RECALL_MIN_SAMPLES = 20
 #: Sampled queries per estimate and per kind: recent enough to follow the data, enough to be stable.
 RECALL_WINDOW = 400
+#: A kind's rule aims at the recall target plus this many standard errors of its measured recall.
+RECALL_MARGIN_SE = 2.0
+#: A kind is probed with a fixed count of lists only where that scans less than this share of
+#: the lists the adaptive rule does on the measured queries: a fixed count does not follow a
+#: drift in how hard the queries are (each query's k-th distance widens the adaptive rule's
+#: probe), so that robustness is given up only for a clear saving.
+RECALL_FIXED_SAVING = 0.9
 #: Indexes whose recall state a gateway replica keeps, bounding its memory.
 RECALL_MAX_INDEXES = 1024
 

@@ -348,6 +348,12 @@ class RecallReport(Model):
         "unfiltered (or a filter matching >= 95% of the items), broad_filter (>= 30%), "
         "selective_filter (a filter answered by an exact scan of its matches has no scale)"
     )
+    probe_fixed: dict[str, float] = Field(
+        default_factory=dict,
+        description="the kinds probed with a fixed count of lists instead, where that reached "
+        "the target in fewer lists on the measured queries: the count as a multiple of the "
+        "calibrated first pass",
+    )
     auto_queries: int
     lists_scanned_per_query: float | None
 

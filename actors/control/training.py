@@ -30,8 +30,9 @@ import faiss
 import numpy as np
 
 from actors import constants
+from actors.engine.adaptive import slack_needed
 from actors.engine.ivf import PartitionIndex, new_ivf
-from actors.engine.search import merge_topk, slack_needed
+from actors.engine.topk import merge_topk
 from actors.errors import InvalidRequest
 
 

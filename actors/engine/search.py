@@ -1,16 +1,17 @@
 """How a partition is searched: the probing strategies a shard runs a search request with, over
 the partition's inverted lists (actors.engine.ivf.PartitionIndex.search: the given lists of each
-query), and the merge of partial top-k blocks.
+query).
 
 A request says how to probe (actors.types.Probing); :func:`strategy_for` picks the strategy:
 
 - **fixed**: the lists the gateway planned, as given (an explicit ``n_probes``, the calibrated
   table, or an untrained index's one list: an exact search);
 - **adaptive**: automatic probing, each query scanning as many lists as what it finds asks for
-  (:func:`adaptive`), or under a filter matching few items, an exact scan of those
+  (actors.engine.adaptive), or a fixed count of lists for a kind of query the gateway found
+  that cheaper for, or under a filter matching few items, an exact scan of those
   (:func:`exact_matching`);
-- **measure**: every list, exactly, with the slack each result needed (:func:`slack_needed`),
-  for the gateway's recall estimate;
+- **measure**: every list, exactly, with what each result needed (actors.engine.adaptive
+  .probe_needs), for the gateway's recall estimate and its choice of rule;
 - **greedy**: lists in centroid order until no unprobed list can hold a closer item
   (:func:`greedy`).
 
@@ -27,220 +28,18 @@ import faiss
 import numpy as np
 from faiss import swig_ptr
 
+from actors.engine.adaptive import adaptive, list_ranks, probe_needs
 from actors.engine.ivf import PartitionIndex
 from actors.engine.selection import Selection
-from actors.types import EXACT_SCAN, SearchRequest, auto_nprobe, probe_slack
-
-
-def adaptive(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    list_nos: np.ndarray,
-    coarse_dis: np.ndarray,
-    selector_bits: np.ndarray | None,
-    first: int,
-    slack: float,
-    counts: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Automatic probing: how many lists each query scans is chosen from what it finds.
-
-    1. Each query scans its ``first`` nearest lists, more if those hold fewer than ``k``
-       items that the filter matches (the per-list match counts come from the filter's
-       bitmap), so that the first pass has a k-th distance to go by.
-    2. With ``D1`` the squared distance to its nearest centroid and ``Dk`` its k-th squared
-       distance after the first pass, every further list whose centroid lies within
-       ``D1 + slack * Dk`` is scanned too, except lists holding no matching item.
-
-    A query far from every centroid, or one whose filter leaves few candidates nearby,
-    has a large ``Dk`` and scans more lists; one deep inside a dense list scans few. Queries
-    whose plan (the gateway's ``list_nos``) is too short for the rule have their lists
-    assigned here, wider. ``counts``: the matching items per list when known (else counted
-    here). Returns (distances, labels, lists scanned per query).
-    """
-    if counts is None:
-        counts = part.list_counts(selector_bits)
-    return _adaptive(part, x, k, list_nos, coarse_dis, selector_bits, first, slack, counts)
-
-
-def _first_pass(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    list_nos: np.ndarray,
-    coarse_dis: np.ndarray,
-    selector_bits: np.ndarray | None,
-    first: int,
-    counts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Step 1 of :func:`adaptive`: (distances, labels, lists it scanned per query,
-    plan columns it covered per query, per-column match counts)."""
-    plan = list_nos.shape[1]
-    c = counts[np.maximum(list_nos, 0)] * (list_nos >= 0)
-    enough = np.cumsum(c, axis=1) >= k
-    reach = np.where(enough.any(axis=1), enough.argmax(axis=1) + 1, plan)
-    p1 = np.minimum(np.maximum(reach, first), plan)
-    w1 = int(p1.max())
-    take1 = (np.arange(w1)[None, :] < p1[:, None]) & (c[:, :w1] > 0)
-    distances, labels = part.search(
-        x, k, np.where(take1, list_nos[:, :w1], -1), coarse_dis[:, :w1], selector_bits
-    )
-    return distances, labels, take1.sum(axis=1), p1, c
-
-
-def _adaptive(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    list_nos: np.ndarray,
-    coarse_dis: np.ndarray,
-    selector_bits: np.ndarray | None,
-    first: int,
-    slack: float,
-    counts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    nq, plan = list_nos.shape
-    if nq == 0 or plan == 0:
-        empty = np.full((nq, k), np.inf, dtype=np.float32)
-        return empty, np.full((nq, k), -1, dtype=np.int64), np.zeros(nq, dtype=np.int64)
-    if nq == 1:
-        return _adaptive_one(part, x, k, list_nos, coarse_dis, selector_bits, first, slack, counts)
-    distances, labels, scanned, p1, c = _first_pass(
-        part, x, k, list_nos, coarse_dis, selector_bits, first, counts
-    )
-    # 2. further lists within D1 + slack * Dk (Dk is inf when the first pass found < k).
-    with np.errstate(over="ignore"):
-        bound = coarse_dis[:, :1] + slack * distances[:, k - 1 : k]
-    take2 = (np.arange(plan)[None, :] >= p1[:, None]) & (c > 0) & (coarse_dis < bound)
-    # A plan that ends inside the bound (or before k matches) may be too short.
-    cut = (coarse_dis[:, -1] < bound[:, 0]) | (np.cumsum(c, axis=1)[:, -1] < k)
-    wider = np.flatnonzero(cut) if plan < part.nlist else np.zeros(0, dtype=np.int64)
-    take2[wider] = False
-    rows = np.flatnonzero(take2.any(axis=1))
-    if len(rows):
-        lo = int(p1[rows].min())
-        d2, l2 = part.search(
-            x[rows],
-            k,
-            np.where(take2[rows, lo:], list_nos[rows, lo:], -1),
-            coarse_dis[rows, lo:],
-            selector_bits,
-        )
-        distances[rows], labels[rows] = merge_topk([distances[rows], d2], [labels[rows], l2], k)
-        scanned += take2.sum(axis=1)
-    if len(wider):
-        # These queries start over on a plan four times as long (the work already done is
-        # counted); the first pass and its k-th distance come out the same.
-        dw, lw, sw = _wider(part, x[wider], k, plan, selector_bits, first, slack, counts)
-        distances[wider], labels[wider] = dw, lw
-        scanned[wider] += sw
-    return distances, labels, scanned
-
-
-def _adaptive_one(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    list_nos: np.ndarray,
-    coarse_dis: np.ndarray,
-    selector_bits: np.ndarray | None,
-    first: int,
-    slack: float,
-    counts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_adaptive` of one query, the same steps on its row as plain Python lists:
-    numpy's calls on arrays of one row cost more than the scan (figures:
-    docs/performance.md). Same lists, same faiss calls, same merge: the same
-    answer bit for bit (tests/unit/test_partition.py)."""
-    plan = list_nos.shape[1]
-    lists = list_nos[0].tolist()
-    c = [int(n) if n > 0 else 0 for n in counts[np.maximum(list_nos[0], 0)].tolist()]
-    c = [n if lst >= 0 else 0 for n, lst in zip(c, lists)]
-    # 1. the first `first` lists, more until they hold k matching items
-    reach, total = plan, 0
-    for j, n in enumerate(c):
-        total += n
-        if total >= k:
-            reach = j + 1
-            break
-    p1 = min(max(reach, first), plan)
-    row1 = [lst if n > 0 else -1 for lst, n in zip(lists[:p1], c[:p1])]
-    distances, labels = part.search(
-        x, k, np.array([row1], dtype=np.int64), coarse_dis[:, :p1], selector_bits
-    )
-    scanned = sum(n > 0 for n in c[:p1])
-    # 2. further lists within D1 + slack * Dk, in float32 as the batch rule computes it
-    coarse = coarse_dis[0]
-    with np.errstate(over="ignore"):
-        bound = float(coarse[0] + np.float32(slack) * distances[0, k - 1])
-    if plan < part.nlist and (float(coarse[-1]) < bound or sum(c) < k):
-        # the plan may be too short: start over on one four times as long
-        dw, lw, sw = _wider(part, x, k, plan, selector_bits, first, slack, counts)
-        return dw, lw, sw + scanned
-    dis = coarse.tolist()
-    row2 = [lst if n > 0 and d < bound else -1 for lst, n, d in zip(lists[p1:], c[p1:], dis[p1:])]
-    more = sum(lst >= 0 for lst in row2)
-    if more:
-        d2, l2 = part.search(
-            x, k, np.array([row2], dtype=np.int64), coarse_dis[:, p1:], selector_bits
-        )
-        distances, labels = merge_topk([distances, d2], [labels, l2], k)
-    return distances, labels, np.array([scanned + more], dtype=np.int64)
-
-
-def _wider(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    plan: int,
-    selector_bits: np.ndarray | None,
-    first: int,
-    slack: float,
-    counts: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_adaptive` of ``x`` on a plan four times ``plan`` long, assigned here."""
-    xw = np.ascontiguousarray(x)
-    dis_w, lists_w = part.assign(xw, min(part.nlist, 4 * plan))
-    return _adaptive(part, xw, k, lists_w, dis_w, selector_bits, first, slack, counts)
-
-
-def slack_needed(
-    part: PartitionIndex,
-    x: np.ndarray,
-    k: int,
-    list_nos: np.ndarray,
-    coarse_dis: np.ndarray,
-    selector_bits: np.ndarray | None,
-    first: int,
-    labels: np.ndarray,
-    counts: np.ndarray | None = None,
-) -> np.ndarray:
-    """For results ``labels`` (nq, k; -1 = none) of queries ``x``: the smallest slack with
-    which :func:`adaptive` scans each one's list (0 when the first pass does; nan
-    for -1). The first pass does not depend on the slack, so one exact search tells how
-    recall grows with it."""
-    if counts is None:
-        counts = part.list_counts(selector_bits)
-    found, _, _, p1, _ = _first_pass(part, x, k, list_nos, coarse_dis, selector_bits, first, counts)
-    kth = found[:, -1]
-    out = np.full(labels.shape, np.nan, dtype=np.float64)
-    valid = labels >= 0
-    if not valid.any():
-        return out
-    lists = np.full(labels.shape, -1, dtype=np.int64)
-    lists[valid] = part.list_of[labels[valid]]
-    w1 = int(p1.max())
-    firsts = np.where(np.arange(w1)[None, :] < p1[:, None], list_nos[:, :w1], -2)
-    in_first = (firsts[:, None, :] == lists[:, :, None]).any(axis=2)
-    centroids = part.index.quantizer.reconstruct_n(0, part.nlist)
-    rows, cols = np.nonzero(valid)
-    diff = x[rows] - centroids[lists[rows, cols]]
-    d_list = np.einsum("ij,ij->i", diff, diff)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        need = (d_list - coarse_dis[rows, 0]) / kth[rows].astype(np.float64)
-    need = np.where(np.isfinite(need), np.maximum(need, 0.0), 0.0)
-    out[rows, cols] = np.where(in_first[rows, cols], 0.0, need)
-    return out
+from actors.engine.topk import merge_topk
+from actors.types import (
+    EXACT_SCAN,
+    REACH_SCALES,
+    SearchRequest,
+    auto_nprobe,
+    fixed_lists,
+    probe_slack,
+)
 
 
 def greedy(
@@ -302,6 +101,8 @@ class Found:
     scanned: int  # inverted lists scanned, summed over the queries
     needed: np.ndarray | None = None  # measure: the probing scale each result needs
     bucket: int = 0  # adaptive, measure: the selectivity bucket whose scale applied (EXACT_SCAN)
+    lists_needed: np.ndarray | None = None  # measure: list_ranks of the results
+    reach: np.ndarray | None = None  # measure: lists the adaptive rule scans at REACH_SCALES
 
 
 Strategy = Callable[[PartitionIndex, SearchRequest, "np.ndarray | None", Scope], Found]
@@ -329,9 +130,12 @@ def adaptive_strategy(
     slack, _, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
     if scope.selection.scan_exactly(part, len(req.queries), _probe_items(part, scope, req.k)):
         return exact_matching(part, req, scope)
+    first = p.first
+    if p.fixed[bucket] > 0:  # a fixed count of lists, which the gateway found cheaper
+        first, slack = fixed_lists(p.fixed[bucket], p.first), 0.0
     counts = scope.selection.counts(part)
     dist, labels, per_query = adaptive(
-        part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, p.first, slack, counts
+        part, req.queries, req.k, req.list_nos, req.coarse_dis, bits, first, slack, counts
     )
     return Found(dist, labels, int(per_query.sum()), None, bucket)
 
@@ -378,22 +182,29 @@ def exact_matching(part: PartitionIndex, req: SearchRequest, scope: Scope) -> Fo
 def measure(
     part: PartitionIndex, req: SearchRequest, bits: np.ndarray | None, scope: Scope
 ) -> Found:
-    """Exact (every list), with the scale of the slack each result needs (the gateway's
-    recall estimate: serve_app.gateway.probing)."""
+    """Exact (every list), with what each result needs: the scale of the slack and the lists in
+    centroid order; and per query the lists the adaptive rule scans at each REACH_SCALES (the
+    gateway's recall estimate and its choice of rule: serve_app.gateway.probing)."""
     p = req.probing
     _, base, bucket = probe_slack(p.slacks, p.scales, scope.selectivity)
     coarse, list_nos = part.assign(req.queries, part.nlist)
     dist, labels = part.search(req.queries, req.k, list_nos, coarse, bits)
+    nq = len(req.queries)
     if scope.selection.exact_eligible(part, _probe_items(part, scope, req.k)):
-        # its queries are scanned exactly: no lesson for probing's scale, none worked out
-        needed = np.full(labels.shape, np.nan)
+        # its queries are scanned exactly: no lesson for probing, none worked out
+        needed = lists = np.full(labels.shape, np.nan)
+        exact = math.ceil(scope.selection.matched * part.nlist / max(1, part.ntotal))
+        reach = np.full((nq, len(REACH_SCALES)), exact, dtype=np.int32)
         bucket = EXACT_SCAN
     else:
         counts = scope.selection.counts(part)
-        needed = slack_needed(
-            part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts
+        slacks = tuple(base * s for s in REACH_SCALES)
+        needed, reach = probe_needs(
+            part, req.queries, req.k, list_nos, coarse, bits, p.first, labels, counts, slacks
         )
-    return Found(dist, labels, len(req.queries) * part.nlist, needed / max(base, 1e-12), bucket)
+        lists = list_ranks(part, list_nos, labels)
+    scale = needed / max(base, 1e-12)
+    return Found(dist, labels, nq * part.nlist, scale, bucket, lists, reach)
 
 
 def greedy_strategy(
@@ -419,25 +230,3 @@ def strategy_for(req: SearchRequest, version: int) -> Strategy:
     if mode in ("adaptive", "measure") and req.version != version:
         return fixed
     return STRATEGIES[mode]
-
-
-def merge_topk(
-    distances: list[np.ndarray], labels: list[np.ndarray], k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-part (nq, k_i) result blocks into the (nq, k) best, ascending. Any label dtype."""
-    if len(distances[0]) == 1:  # one query: the same steps on its row, without the 2-D calls
-        d1 = np.concatenate([part[0] for part in distances])
-        lab1 = np.concatenate([part[0] for part in labels])
-        if len(d1) > k:
-            top = np.argpartition(d1, k - 1)[:k]
-            d1, lab1 = d1[top], lab1[top]
-        order1 = np.argsort(d1, kind="stable")
-        return d1[order1][None], lab1[order1][None]
-    d = np.concatenate(distances, axis=1)
-    lab = np.concatenate(labels, axis=1)
-    if d.shape[1] > k:
-        part = np.argpartition(d, k - 1, axis=1)[:, :k]
-        d = np.take_along_axis(d, part, axis=1)
-        lab = np.take_along_axis(lab, part, axis=1)
-    order = np.argsort(d, axis=1, kind="stable")
-    return np.take_along_axis(d, order, axis=1), np.take_along_axis(lab, order, axis=1)

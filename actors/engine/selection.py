@@ -1,7 +1,7 @@
 """A shard's recent filter evaluations, reused by the queries that repeat a filter.
 
 A filtered search needs the filter's bitmap over the shard's labels, how many live items it
-matches, and the matching items per inverted list (actors.engine.search.adaptive): at 1M items
+matches, and the matching items per inverted list (actors.engine.adaptive): at 1M items
 per shard, a filter matching half of them costs several milliseconds to evaluate and count,
 many times the search itself (docs/performance.md). Queries from one application repeat their
 filters (a tenant, a category), so the shard keeps the last ``SELECTION_CACHE_ENTRIES``

@@ -20,7 +20,15 @@ from actors.engine.items import ItemTable
 from actors.engine.ivf import PartitionIndex
 from actors.engine.selection import Selections
 from actors.engine.strings import StringBlock
-from actors.types import Fetched, SearchRequest, SearchResult, TextHits, TextQuery, TextStats
+from actors.types import (
+    REACH_SCALES,
+    Fetched,
+    SearchRequest,
+    SearchResult,
+    TextHits,
+    TextQuery,
+    TextStats,
+)
 
 
 class ShardReads:
@@ -49,8 +57,9 @@ class ShardReads:
                 meta = np.empty((nq, k), dtype=object) if req.with_metadata else None
                 measuring = req.probing.mode == "measure"
                 none = np.full((nq, k), np.nan) if measuring else None  # no result to need
+                reach = np.zeros((nq, len(REACH_SCALES)), np.int32) if measuring else None
                 empty = SearchResult(dist, StringBlock.empty((nq, k)), meta, self.version)
-                return replace(empty, needed=none)
+                return replace(empty, needed=none, lists_needed=none, reach=reach)
             sel = self.selections.of(self.items, part, req.filter)
             bits, n_match = sel.bits, sel.matched
             scope = search.Scope(self.version, self.nprobe_table, sel, len(self.items))
@@ -58,17 +67,28 @@ class ShardReads:
             mult = self._rerank_mult(req)
             found = strategy(part, replace(req, k=k * mult) if mult > 1 else req, bits, scope)
             dist, labels = found.distances, found.labels
-            needed = found.needed
+            needed, lists_needed = found.needed, found.lists_needed
             if mult > 1:  # the codes' candidates, ranked again by their full vectors
                 assert self.vectors is not None
                 dist, labels, col = rerank(self.vectors, req.queries, labels, k)
                 if needed is not None:
                     needed = np.take_along_axis(needed, col, axis=1)
+                if lists_needed is not None:
+                    lists_needed = np.take_along_axis(lists_needed, col, axis=1)
             dist[labels < 0] = np.inf
             ids = self.items.gather_ids(labels)
             meta = self.items.gather(labels, "metadata") if req.with_metadata else None
             return SearchResult(
-                dist, ids, meta, self.version, found.scanned, needed, found.bucket, n_match
+                dist,
+                ids,
+                meta,
+                self.version,
+                found.scanned,
+                needed,
+                found.bucket,
+                n_match,
+                lists_needed,
+                found.reach,
             )
 
     def _rerank_mult(self, req: SearchRequest) -> int:

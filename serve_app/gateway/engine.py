@@ -37,6 +37,7 @@ from actors.types import (
     SearchResult,
     ShardStats,
     UpsertBatch,
+    fixed_lists,
 )
 from serve_app import constants
 from serve_app import telemetry as stages
@@ -236,7 +237,7 @@ class Engine(Measuring):
         """Top-k of a batch of queries ``x`` (nq, d), in index space.
 
         An explicit ``q.n_probes`` scans exactly that many lists per query, ``q.greedy`` probes
-        until its bound stops it; otherwise automatic probing (actors.engine.search.adaptive)
+        until its bound stops it; otherwise automatic probing (actors.engine.adaptive)
         chooses per query, with the calibrated slack times this replica's probing scale, and a
         share of the queries is measured against the exact answer (:meth:`_measure`)."""
         cfg = cv.config
@@ -249,11 +250,13 @@ class Engine(Measuring):
             return await self._search(cv, x, q, nprobe, given)
         state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target, cv.view.probing)
         first, slacks = auto
-        probing = Probing("adaptive", first=first, slacks=slacks, scales=state.scales)
+        probing = Probing(
+            "adaptive", first=first, slacks=slacks, scales=state.scales, fixed=state.fixed
+        )
         warm = await self._warm_up(cv, x, q, probing, state)
-        if warm is not None:  # the scales it fitted answer the batch
-            probing = replace(probing, scales=state.scales)
-        hits = await self._search(cv, x, q, plan_width(first), probing)
+        if warm is not None:  # the rules it fitted answer the batch
+            probing = replace(probing, scales=state.scales, fixed=state.fixed)
+        hits = await self._search(cv, x, q, plan_width(probing), probing)
         state.queries += len(x)
         state.lists_scanned += hits.lists_scanned
         if warm is not None:
@@ -476,10 +479,12 @@ def unwritten(
     return type(failure)(detail, errors=errors)
 
 
-def plan_width(first: int) -> int:
+def plan_width(probing: Probing) -> int:
     """Lists the gateway assigns a query under automatic probing: room for the rule to widen
-    well past ``first`` (a shard assigns more itself for a query that needs them)."""
-    return 4 * first + 8
+    well past ``first`` (a shard assigns more itself for a query that needs them), and every
+    list a kind probed with a fixed count scans."""
+    fixed = max((fixed_lists(m, probing.first) for m in probing.fixed if m > 0), default=0)
+    return max(4 * probing.first + 8, fixed)
 
 
 def _with_ids(

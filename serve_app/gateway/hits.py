@@ -29,6 +29,8 @@ class Hits:
     lists_scanned: float = 0.0
     needed: np.ndarray | None = None  # measure requests: SearchResult.needed, merged
     bucket: int = 0
+    lists_needed: np.ndarray | None = None  # measure requests: SearchResult.lists_needed, merged
+    reach: np.ndarray | None = None  # measure requests: SearchResult.reach, averaged over shards
 
     def rows(self) -> list[Hits]:
         """One Hits per query (lists scanned shared out evenly)."""
@@ -42,6 +44,8 @@ class Hits:
                 self.lists_scanned / max(n, 1),
                 None if self.needed is None else self.needed[q : q + 1],
                 self.bucket,
+                None if self.lists_needed is None else self.lists_needed[q : q + 1],
+                None if self.reach is None else self.reach[q : q + 1],
             )
             for q in range(n)
         ]
@@ -62,10 +66,16 @@ class Query:
 
 def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
     """Per-shard top-k blocks -> global top-k (ascending distance)."""
-    needed = None
+    needed = lists_needed = None
     if len(parts) == 1:
         p = parts[0]
-        d, ids, meta, needed = p.distances, p.ids, p.metadata, p.needed
+        d, ids, meta, needed, lists_needed = (
+            p.distances,
+            p.ids,
+            p.metadata,
+            p.needed,
+            p.lists_needed,
+        )
     else:
         d = np.concatenate([p.distances for p in parts], axis=1)
         col = np.argsort(d, axis=1, kind="stable")[:, :k]
@@ -75,15 +85,26 @@ def merge(parts: list[SearchResult], k: int, with_metadata: bool) -> Hits:
         if with_metadata:
             blocks = [p.metadata for p in parts if p.metadata is not None]
             meta = np.take_along_axis(np.concatenate(blocks, axis=1), col, axis=1)
-        if all(p.needed is not None for p in parts):
-            cat = np.concatenate([p.needed for p in parts if p.needed is not None], axis=1)
-            needed = np.take_along_axis(cat, col, axis=1)
+        needed = _columns([p.needed for p in parts], col)
+        lists_needed = _columns([p.lists_needed for p in parts], col)
     counts = np.isfinite(d).sum(axis=1)
     scanned = sum(p.lists_scanned for p in parts) / len(parts)
     # a shard that probed tells the kind (its scale applied); EXACT_SCAN if every shard scanned
     probed = [p.bucket for p in parts if p.bucket != EXACT_SCAN]
     bucket = max(probed) if probed else EXACT_SCAN
-    return Hits(d, ids, meta, counts, scanned, needed, bucket)
+    reach = None
+    reaches = [p.reach for p in parts if p.reach is not None]
+    if len(reaches) == len(parts):
+        reach = np.mean(reaches, axis=0)  # lists per query, as lists_scanned
+    return Hits(d, ids, meta, counts, scanned, needed, bucket, lists_needed, reach)
+
+
+def _columns(blocks: list[np.ndarray | None], col: np.ndarray) -> np.ndarray | None:
+    """Per-shard (nq, k) blocks' columns ``col`` of their concatenation (None if one is)."""
+    told = [b for b in blocks if b is not None]
+    if len(told) < len(blocks):
+        return None
+    return np.take_along_axis(np.concatenate(told, axis=1), col, axis=1)
 
 
 # How the per-shard parts of a search become one answer: the distances' top-k today (a rank

@@ -18,7 +18,7 @@ from actors.types import EXACT_SCAN, Probing
 from serve_app import constants
 from serve_app import telemetry as stages
 from serve_app.gateway.hits import Hits, Query
-from serve_app.gateway.probing import IndexProbing, RecallMonitor, overlap
+from serve_app.gateway.probing import IndexProbing, Needs, RecallMonitor, overlap
 
 if TYPE_CHECKING:
     from serve_app.gateway.engine import CachedView
@@ -46,6 +46,11 @@ def _items(cv: CachedView) -> int:
     """The items a search covers: as the shards last reported, else as many as were trained on."""
     cfg = cv.config
     return sum(cv.counts.values()) if len(cv.counts) == cfg.n_shards else cfg.trained_size
+
+
+def _needs(exact: Hits, probing: Probing) -> Needs:
+    assert exact.needed is not None
+    return Needs(exact.needed, exact.lists_needed, exact.reach, probing.first)
 
 
 class Measuring:
@@ -77,7 +82,7 @@ class Measuring:
             had_scale = state.buckets[exact.bucket].measured >= constants.RECALL_MIN_SAMPLES
             if had_scale or exact.bucket == EXACT_SCAN:
                 state.warmed_in_vain += 1  # its kind had a scale, or needs none: need not wait
-            state.learn(exact.bucket, exact.needed)
+            state.learn(exact.bucket, _needs(exact, probing))
         except Exception as exc:  # answered without it, as after a failed measurement
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__
@@ -161,7 +166,8 @@ class Measuring:
             assert exact.needed is not None
             state = self.monitor.of(cfg.index_id, cfg.version, cfg.recall_target)
             early = state.sampled < constants.RECALL_EARLY
-            state.record(exact.bucket, overlap(job.served, exact.ids.tolist()), exact.needed)
+            served = overlap(job.served, exact.ids.tolist())
+            state.record(exact.bucket, served, _needs(exact, job.probing))
             self._keep(cv, state, early)
         except Exception as exc:  # the query went on without it; say why, never what it was
             log.warning(

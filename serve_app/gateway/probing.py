@@ -1,23 +1,31 @@
-"""The gateway's live recall estimate per index, and the probing scales it fits.
+"""The gateway's live recall estimate per index, and the probing rules it fits.
 
 The first RECALL_EARLY queries of each kind, then a share of the queries answered with
 automatic probing (``VAULTVEC_RECALL_SAMPLE_SHARE``, default 1%), are answered once more in
-the background, exactly (every list, same filter); a batch of a kind with no fitted scale yet
+the background, exactly (every list, same filter); a batch of a kind with no fitted rule yet
 has some of its rows measured before it is answered (:meth:`RecallMonitor.warm_rows`). The
 shards then also tell, for each exact result, the smallest probing scale with which automatic
-probing scans its list (PartitionIndex.slack_needed): the first pass of the rule does not depend
-on the slack, so one exact search gives the whole curve of that query's recall against the
-scale. Two things follow per index:
+probing scans its list (actors.engine.adaptive.slack_needed: the first pass of the rule does not
+depend on the slack, so one exact search gives the whole curve of that query's recall against
+the scale) and how many lists in centroid order find it; and per query, the lists the rule
+scans at each of a range of scales. Two things follow per index:
 
 * the estimate: the recall@k of the answers actually served, measured on the sampled queries
   (the share of the exact top-k the served top-k held), over the last ``RECALL_WINDOW`` of
   them;
-* the scales: per kind of query (unfiltered or a filter matching at least 95% of the items, a
+* the rules: per kind of query (unfiltered or a filter matching at least 95% of the items, a
   filter matching at least 30%, a more selective one), the smallest multiple of the calibrated
   slack whose recall over the last ``RECALL_WINDOW`` sampled queries of that kind reaches the
-  target plus two standard errors (computed exactly from the needs). Probing thus widens when
-  real queries need more than calibration on stored items predicted, and narrows when they
-  need less; a kind keeps scale 1 until it has ``RECALL_MIN_SAMPLES`` measured queries.
+  target plus two standard errors (computed exactly from the needs); and the smallest fixed
+  count of lists (a multiple of the calibrated first pass, so it grows with top_k as the
+  first pass does) that reaches it too. The kind is probed with the fixed count where it scans
+  clearly fewer lists on those queries (``RECALL_FIXED_SAVING``), else with the adaptive rule,
+  which follows a drift in how hard the queries are: on sets whose hard queries stand out the
+  adaptive rule wins; under a filter that pushes the k-th match out, a fixed count may
+  (docs/performance.md). Probing thus
+  widens when real queries need more than calibration on stored items predicted, and narrows
+  when they need less; a kind keeps scale 1 until it has ``RECALL_MIN_SAMPLES`` measured
+  queries.
 
 Bounded: one background exact search in flight per gateway replica, at most
 ``RECALL_MAX_ROWS`` queries in it past the early ones (RECALL_EARLY_ROWS and RECALL_EARLY_WORK
@@ -35,41 +43,109 @@ import math
 import random
 import time
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from actors.control.training import smallest_scale
 from actors.storage import codec
-from actors.types import BUCKETS, EXACT_SCAN
+from actors.types import BUCKETS, EXACT_SCAN, REACH_SCALES, fixed_lists
 from serve_app import constants
 
 log = logging.getLogger("vaultvec.probing")
 
 
+class Needs(NamedTuple):
+    """What measured queries' exact results need (a measure search's answer): per result the
+    probing scale (rows, nan = no result) and the lists in centroid order; per query the lists
+    the adaptive rule scans at each REACH_SCALES; the ``first`` they were measured with."""
+
+    needed: np.ndarray
+    lists: np.ndarray | None = None
+    reach: np.ndarray | None = None
+    first: int = 1
+
+
 @dataclass
 class Bucket:
+    """One kind of query's rule: the adaptive rule at ``scale``, or where a fixed count of
+    lists reached the recall aim in fewer lists on the measured queries, that count (``fixed``
+    times the query's ``first``). Per measured query with results: the scale each result
+    needs, the lists in centroid order each needs as a multiple of the query's ``first``
+    (None: not told, by a state an earlier vaultvec kept), and the lists the adaptive rule
+    scans at each REACH_SCALES."""
+
     scale: float = 1.0
+    fixed: float = 0.0
     needed: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW))
+    lists: deque[np.ndarray | None] = field(
+        default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW)
+    )
+    reach: deque[np.ndarray | None] = field(
+        default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW)
+    )
+    firsts: deque[int] = field(default_factory=lambda: deque(maxlen=constants.RECALL_WINDOW))
     measured: int = 0  # queries measured, with or without an exact result
 
+    def add(
+        self, needed: np.ndarray, lists: np.ndarray | None, reach: np.ndarray | None, first: int
+    ) -> None:
+        """One measured query's needs (rows of one length; lists None when not told)."""
+        self.needed.append(needed)
+        told = lists is not None and reach is not None and not np.isnan(lists).any()
+        self.lists.append(lists / max(first, 1) if told and lists is not None else None)
+        self.reach.append(np.asarray(reach, dtype=np.float64) if told else None)
+        self.firsts.append(first)
+
     def fit(self, target: float) -> None:
+        """The adaptive rule's scale, and a fixed count of lists instead where it costs clearly
+        fewer lists on the measured queries (RECALL_FIXED_SAVING), each reaching the target plus
+        RECALL_MARGIN_SE standard errors."""
         if len(self.needed) < constants.RECALL_MIN_SAMPLES:
             return
-        width = max(len(r) for r in self.needed)
-        rows = np.full((len(self.needed), width), np.nan)
-        for i, r in enumerate(self.needed):
-            rows[i, : len(r)] = r
-        # First at the target, then once more at the target plus two standard errors of the
-        # recall there: the scale is then unlikely to fall short on queries not yet seen.
-        scale = smallest_scale(rows, target)
-        valid = ~np.isnan(rows)
-        per_query = (np.where(valid, rows, np.inf) < scale).sum(axis=1) / np.maximum(
-            valid.sum(axis=1), 1
-        )
-        se = float(np.std(per_query)) / math.sqrt(len(per_query))
-        self.scale = smallest_scale(rows, min(1.0, target + 2 * se))
+        self.scale = _fitted(self.needed, target)
+        self.fixed = 0.0
+        told = self.told()
+        if told is None:
+            return
+        lists, reach = told
+        fixed = _fitted(lists, target)
+        fixed_cost = np.mean([fixed_lists(fixed, f) for f in self.firsts])
+        at = math.log2(self.scale)
+        adaptive_cost = np.mean([np.interp(at, _REACH_LOG2, r) for r in reach])
+        if fixed_cost < constants.RECALL_FIXED_SAVING * adaptive_cost:
+            self.fixed = fixed
+
+    def told(self) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+        """(lists, reach) of every query in the window; None when some were not told."""
+        lists = [r for r in self.lists if r is not None]
+        reach = [r for r in self.reach if r is not None]
+        if not len(lists) or not len(self.needed) == len(lists) == len(reach):
+            return None
+        return lists, reach
+
+
+_REACH_LOG2 = np.log2(REACH_SCALES)
+
+
+def _fitted(needs: Sequence[np.ndarray], target: float) -> float:
+    """The smallest value (scale, or multiple of ``first``) at which the mean recall of the
+    queries whose per-result needs are ``needs`` reaches ``target``, then once more the target
+    plus two standard errors of the recall there: it is then unlikely to fall short on queries
+    not yet seen."""
+    width = max(len(r) for r in needs)
+    rows = np.full((len(needs), width), np.nan)
+    for i, r in enumerate(needs):
+        rows[i, : len(r)] = r
+    value = smallest_scale(rows, target)
+    valid = ~np.isnan(rows)
+    per_query = (np.where(valid, rows, np.inf) < value).sum(axis=1) / np.maximum(
+        valid.sum(axis=1), 1
+    )
+    se = float(np.std(per_query)) / math.sqrt(len(per_query))
+    return smallest_scale(rows, min(1.0, target + constants.RECALL_MARGIN_SE * se))
 
 
 @dataclass
@@ -97,21 +173,28 @@ class IndexProbing:
         """The probing kinds' scales (not EXACT_SCAN's: no scale applies to it)."""
         return tuple(b.scale for b in self.buckets[:EXACT_SCAN])
 
-    def record(self, bucket: int, served: np.ndarray, needed: np.ndarray) -> None:
-        """Measured queries: recall of what was served (per query), and per exact result the
-        scale that finds it (rows of ``needed``, nan = no result)."""
-        self.learn(bucket, needed)
+    @property
+    def fixed(self) -> tuple[float, ...]:
+        """The probing kinds' fixed counts of lists, as multiples of ``first`` (0: adaptive)."""
+        return tuple(b.fixed for b in self.buckets[:EXACT_SCAN])
+
+    def record(self, bucket: int, served: np.ndarray, exact: Needs) -> None:
+        """Measured queries: recall of what was served (per query), and what their exact
+        results need (:meth:`learn`)."""
+        self.learn(bucket, exact)
         self.count_served(served)
 
-    def learn(self, bucket: int, needed: np.ndarray) -> None:
-        """The scale each exact result of measured queries needs (rows of ``needed``), and
-        the bucket's scale fitted again."""
+    def learn(self, bucket: int, exact: Needs) -> None:
+        """What each exact result of measured queries needs, and the bucket's rule fitted
+        again."""
         b = self.buckets[bucket]
-        b.measured += len(needed)
-        for row in needed:
-            row = row[~np.isnan(row)]
-            if len(row):
-                b.needed.append(row)
+        b.measured += len(exact.needed)
+        for i, row in enumerate(exact.needed):
+            keep = ~np.isnan(row)
+            if keep.any():
+                lists = None if exact.lists is None else exact.lists[i][keep]
+                reach = None if exact.reach is None else exact.reach[i]
+                b.add(row[keep], lists, reach, exact.first)
         b.fit(self.target)
 
     def count_served(self, served: np.ndarray) -> None:
@@ -141,6 +224,7 @@ class IndexProbing:
             "version": self.version,
             "target": self.target,
             "scales": list(self.scales),
+            "fixed": list(self.fixed),
             "sampled": self.sampled,
             "queries": self.queries,
             "lists_scanned": self.lists_scanned,
@@ -153,6 +237,11 @@ class IndexProbing:
             arrays[f"needed{i}"] = (
                 np.concatenate(list(b.needed)) if len(b.needed) else np.zeros(0, np.float64)
             )
+            told = b.told()
+            if len(b.needed) and told is not None:
+                arrays[f"lists{i}"] = np.concatenate(told[0])
+                arrays[f"reach{i}"] = np.stack(told[1])
+                arrays[f"firsts{i}"] = np.asarray(b.firsts, dtype=np.int64)
         return codec.pack(meta, arrays)
 
     @classmethod
@@ -165,13 +254,27 @@ class IndexProbing:
         scales = meta["scales"]
         kept = len(meta["measured"]) if "measured" in meta else len(scales)
         # a state kept before a kind was added has none of it: that kind starts afresh
+        fixed = meta.get("fixed", [])  # a state kept before fixed counts: adaptive throughout
         for i, b in enumerate(state.buckets[:kept]):
             b.scale = float(scales[i]) if i < len(scales) else 1.0
-            flat, lens = arrays[f"needed{i}"], arrays[f"lens{i}"]
+            b.fixed = float(fixed[i]) if i < len(fixed) else 0.0
+            lens = arrays[f"lens{i}"]
             b.measured = int(meta["measured"][i]) if "measured" in meta else len(lens)
-            b.needed.extend(
-                np.split(flat.astype(np.float64), np.cumsum(lens)[:-1]) if len(lens) else []
-            )
+            if not len(lens):
+                continue
+            cuts = np.cumsum(lens)[:-1]
+            needed = np.split(arrays[f"needed{i}"].astype(np.float64), cuts)
+            if f"lists{i}" in arrays:
+                lists = np.split(arrays[f"lists{i}"].astype(np.float64), cuts)
+                reach, firsts = arrays[f"reach{i}"].astype(np.float64), arrays[f"firsts{i}"]
+                for n, li, r, f in zip(needed, lists, reach, firsts.tolist()):
+                    b.needed.append(n)
+                    b.lists.append(li)
+                    b.reach.append(r)
+                    b.firsts.append(int(f))
+            else:
+                for n in needed:
+                    b.add(n, None, None, 1)
         return state
 
     def report(self) -> dict[str, Any]:
@@ -183,6 +286,11 @@ class IndexProbing:
             "probe_scale": {
                 name: round(b.scale, 4)
                 for name, b in zip(BUCKETS[:EXACT_SCAN], self.buckets[:EXACT_SCAN])
+            },
+            "probe_fixed": {
+                name: round(b.fixed, 4)
+                for name, b in zip(BUCKETS[:EXACT_SCAN], self.buckets[:EXACT_SCAN])
+                if b.fixed > 0
             },
             "auto_queries": self.queries,
             "lists_scanned_per_query": (

@@ -54,7 +54,7 @@ def test_a_search_request_comes_back_field_for_field(nq: int) -> None:
         rng.random((nq, 12), dtype=np.float32),
         parse_filter({"tag": {"$in": ["a", "b"]}, "n": {"$gte": 2}}),
         False,
-        Probing("measure", 4, 3, (0.25, 0.5), (1.0, 1.5, 2.0)),
+        Probing("measure", 4, 3, (0.25, 0.5), (1.0, 1.5, 2.0), (0.0, 2.5, 0.0)),
         7,
     )
     assert_no_defaults(req)
@@ -76,6 +76,8 @@ def test_a_search_result_comes_back_field_for_field(nq: int) -> None:
         rng.random((nq, 5)),
         2,
         333,
+        rng.random((nq, 5)),
+        rng.integers(0, 99, (nq, 49), dtype=np.int32),
     )
     assert_no_defaults(result)
     assert_same(unpack_result(pack(result)), result)

@@ -13,7 +13,7 @@ from actors.constants import LOCALITY_MIN_QUERIES
 from actors.control.training import TrainParams, train_template
 from actors.engine.ivf import MAX_NORM, PartitionIndex, serialize, too_large
 from actors.engine.locality import locality_order, principal_rank
-from actors.engine.search import merge_topk
+from actors.engine.topk import merge_topk
 from tests.helpers import clustered
 
 N_LISTS = 48

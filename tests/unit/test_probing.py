@@ -1,4 +1,4 @@
-"""Automatic probing: the per-query rule (actors.engine.search.adaptive), what each result needs
+"""Automatic probing: the per-query rule (actors.engine.adaptive), what each result needs
 of it (slack_needed), its calibration, the gateway's live recall estimate and scales, and the
 engine around them with real shards in-process (no Ray)."""
 
@@ -21,12 +21,12 @@ from actors.control.training import (
     smallest_scale,
     train_template,
 )
-from actors.engine import search
+from actors.engine import adaptive
 from actors.engine.filters import parse_filter
 from actors.engine.ivf import PartitionIndex, serialize
-from actors.engine.search import merge_topk
 from actors.engine.shard import Shard
 from actors.engine.strings import StringBlock
+from actors.engine.topk import merge_topk
 from actors.pool import wire
 from actors.storage import LocalStore, codec, persistence
 from actors.types import (
@@ -53,7 +53,7 @@ from serve_app.constants import (
 from serve_app.gateway import measuring
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
-from serve_app.gateway.probing import Bucket, IndexProbing, RecallMonitor, overlap
+from serve_app.gateway.probing import Bucket, IndexProbing, Needs, RecallMonitor, overlap
 from tests.helpers import exact_knn
 
 KEY = bytes(range(32))
@@ -108,7 +108,7 @@ def test_unbounded_slack_is_exact_even_from_a_one_list_plan(
     part, x, q = data["part"], data["x"], data["q"]
     mask = data["mask"] if filtered else None
     dis, lists = part.assign(q, 1)  # the rule assigns the lists it needs beyond the plan
-    _, labels, scanned = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 1, 1e9)
+    _, labels, scanned = adaptive.adaptive(part, q, 10, lists, dis, bits_of(mask), 1, 1e9)
     assert recall(labels, exact(x, q, 10, mask)) == 1.0
     # Every list once, plus the first passes of the plans that proved too short.
     assert (scanned <= 2 * 64).all() and scanned.mean() > 1
@@ -117,12 +117,12 @@ def test_unbounded_slack_is_exact_even_from_a_one_list_plan(
 def test_zero_slack_scans_the_first_lists_or_until_k_matches(data: dict[str, Any]) -> None:
     part, _x, q, mask = data["part"], data["x"], data["q"], data["mask"]
     dis, lists = part.assign(q, 40)
-    _d, labels, scanned = search.adaptive(part, q, 10, lists, dis, None, 3, 0.0)
+    _d, labels, scanned = adaptive.adaptive(part, q, 10, lists, dis, None, 3, 0.0)
     _ref_d, ref_l = part.search(q, 10, lists[:, :3], dis[:, :3], None)
     np.testing.assert_array_equal(labels, ref_l)
     assert (scanned == 3).all()
     # A 5% filter: the first pass goes on until its lists hold 10 matches, so 10 come back.
-    _, labels, scanned = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 3, 0.0)
+    _, labels, scanned = adaptive.adaptive(part, q, 10, lists, dis, bits_of(mask), 3, 0.0)
     assert (labels >= 0).all() and mask[labels].all()
     assert scanned.mean() > 3
 
@@ -133,10 +133,10 @@ def test_slack_needed_predicts_recall_exactly(data: dict[str, Any], filtered: bo
     mask = data["mask"] if filtered else None
     truth = exact(x, q, 10, mask)
     dis_all, lists_all = part.assign(q, part.nlist)
-    needed = search.slack_needed(part, q, 10, lists_all, dis_all, bits_of(mask), 4, truth)
+    needed = adaptive.slack_needed(part, q, 10, lists_all, dis_all, bits_of(mask), 4, truth)
     dis, lists = part.assign(q, 24)
     for slack in (0.05, 0.2, 0.5, 1.0):
-        _, labels, _ = search.adaptive(part, q, 10, lists, dis, bits_of(mask), 4, slack)
+        _, labels, _ = adaptive.adaptive(part, q, 10, lists, dis, bits_of(mask), 4, slack)
         assert recall(labels, truth) == pytest.approx(np.mean(needed < slack))
 
 
@@ -155,9 +155,9 @@ def test_a_single_query_is_answered_as_in_a_batch_bit_for_bit(
     bits = bits_of(data["mask"] if filtered else None)
     dis, lists = part.assign(q, width)
     lists[::4, 1] = -1  # lists a plan skips
-    batch = search.adaptive(part, q, k, lists, dis, bits, first, slack)
+    batch = adaptive.adaptive(part, q, k, lists, dis, bits, first, slack)
     for i in range(len(q)):
-        one = search.adaptive(
+        one = adaptive.adaptive(
             part, q[i : i + 1], k, lists[i : i + 1], dis[i : i + 1], bits, first, slack
         )
         for got, want in zip(one, batch):
@@ -187,7 +187,7 @@ def test_calibrated_probing_reaches_target_on_fresh_queries() -> None:
     part.add(np.arange(len(base), dtype=np.int64), base)
     _, first, slack, _ = table[1]
     dis, lists = part.assign(fresh, 4 * first + 8)
-    _, labels, scanned = search.adaptive(part, fresh, 10, lists, dis, None, first, slack)
+    _, labels, scanned = adaptive.adaptive(part, fresh, 10, lists, dis, None, first, slack)
     assert recall(labels, exact(base, fresh, 10)) >= 0.93
     assert scanned.mean() < 100
 
@@ -245,7 +245,7 @@ def test_index_probing_reports_the_served_recall_and_scales() -> None:
     state = IndexProbing(version=1, target=0.95)
     assert state.report()["estimate"] is None
     needed = np.tile(np.array([0.0, 0.0, 3.0, np.nan]), (RECALL_MIN_SAMPLES, 1))
-    state.record(2, np.full(RECALL_MIN_SAMPLES, 2 / 3), needed)
+    state.record(2, np.full(RECALL_MIN_SAMPLES, 2 / 3), Needs(needed))
     report = state.report()
     assert report["estimate"] == pytest.approx(0.6667, abs=1e-4)
     assert report["sampled_queries"] == RECALL_MIN_SAMPLES
@@ -274,10 +274,10 @@ def test_an_index_measures_every_early_query_then_its_share() -> None:
     assert len(m.pick(500, 10, state, 10 * small)) == RECALL_EARLY_ROWS // 10  # a larger index
     assert len(m.pick(500, 10, state)) == RECALL_MAX_ROWS  # its size not known
     assert len(m.pick(1, 10, state, small)) == 1  # a single query: itself
-    state.learn(0, np.zeros((RECALL_EARLY - 3, 10)))
+    state.learn(0, Needs(np.zeros((RECALL_EARLY - 3, 10))))
     assert len(m.pick(500, 10, state, small)) == 3  # no more than the early measurements left
     assert len(m.pick(500, 10, state, small, bucket=2)) == RECALL_EARLY_ROWS  # per kind
-    state.learn(0, np.zeros((3, 10)))
+    state.learn(0, Needs(np.zeros((3, 10))))
     picked = sum(len(m.pick(1, 10, state)) for _ in range(2000))
     assert 5 < picked < 40  # then its share
     m.busy = True  # a measurement under way: an early batch waits its turn, a few at most
@@ -298,7 +298,7 @@ def learned_state() -> IndexProbing:
     for bucket in (0, 2):
         needed = rng.uniform(0, 0.5, (RECALL_MIN_SAMPLES + 5, 10))
         needed[::3, -2:] = np.nan  # queries with fewer results than top_k
-        state.record(bucket, rng.uniform(0.8, 1.0, RECALL_MIN_SAMPLES + 5), needed)
+        state.record(bucket, rng.uniform(0.8, 1.0, RECALL_MIN_SAMPLES + 5), Needs(needed))
     state.queries, state.lists_scanned = 1234, 5678.5
     return state
 
@@ -313,7 +313,7 @@ def test_learned_state_survives_its_bytes() -> None:
     # it goes on learning from where it was: the same next fit
     more = np.full((5, 10), 0.9)
     for s in (state, again):
-        s.record(0, np.ones(5), more)
+        s.record(0, np.ones(5), Needs(more))
     assert again.scales == state.scales
 
 
@@ -563,10 +563,10 @@ def test_queries_with_no_exact_result_still_end_a_kinds_early_measurements() -> 
     m = RecallMonitor(share=0.01, seed=0)
     state = IndexProbing(version=1, target=0.95)
     small = RECALL_EARLY_WORK // RECALL_EARLY_ROWS
-    state.learn(2, np.full((RECALL_EARLY, 10), np.nan))
+    state.learn(2, Needs(np.full((RECALL_EARLY, 10), np.nan)))
     assert state.early_left(2) == 0 and len(state.buckets[2].needed) == 0
     assert len(m.pick(500, 10, state, small, bucket=2)) < RECALL_EARLY_ROWS  # its share only
-    state.learn(1, np.full((RECALL_MIN_SAMPLES, 10), np.nan))
+    state.learn(1, Needs(np.full((RECALL_MIN_SAMPLES, 10), np.nan)))
     assert not state.cold(filtered=True)  # nothing to wait for: not measured first again
     assert m.warm_rows(500, 10, state, small, filtered=True).size == 0
     again = IndexProbing.unpack(state.pack())
@@ -589,7 +589,7 @@ def test_queries_scanned_exactly_leave_the_selective_kind_its_early_measurements
     m = RecallMonitor(share=0.01, seed=0)
     state = IndexProbing(version=1, target=0.95)
     small = RECALL_EARLY_WORK // RECALL_EARLY_ROWS
-    state.learn(EXACT_SCAN, np.full((RECALL_EARLY, 10), np.nan))
+    state.learn(EXACT_SCAN, Needs(np.full((RECALL_EARLY, 10), np.nan)))
     assert state.early_left(EXACT_SCAN) == 0
     assert len(m.pick(500, 10, state, small, bucket=EXACT_SCAN)) < RECALL_EARLY_ROWS
     assert state.early_left(2) == RECALL_EARLY
