@@ -16,16 +16,15 @@ scans at each of a range of scales. Two things follow per index:
 * the rules: per kind of query (unfiltered or a filter matching at least 95% of the items, a
   filter matching at least 30%, a more selective one), the smallest multiple of the calibrated
   slack whose recall over the last ``RECALL_WINDOW`` sampled queries of that kind reaches the
-  target plus two standard errors (computed exactly from the needs); and the smallest fixed
-  count of lists (a multiple of the calibrated first pass, so it grows with top_k as the
-  first pass does) that reaches it too. The kind is probed with the fixed count where it scans
-  clearly fewer lists on those queries (``RECALL_FIXED_SAVING``), else with the adaptive rule,
-  which follows a drift in how hard the queries are: on sets whose hard queries stand out the
-  adaptive rule wins; under a filter that pushes the k-th match out, a fixed count may
-  (docs/performance.md). Probing thus
-  widens when real queries need more than calibration on stored items predicted, and narrows
-  when they need less; a kind keeps scale 1 until it has ``RECALL_MIN_SAMPLES`` measured
-  queries.
+  target plus two standard errors (RECALL_MARGIN_SE; computed exactly from the needs); and
+  the smallest fixed count of lists (a multiple of the calibrated first pass, so it grows with
+  top_k as the first pass does) that reaches it too. The kind is probed with the fixed count
+  where it scans clearly fewer lists on those queries (``RECALL_FIXED_SAVING``), else with the
+  adaptive rule, which follows a drift in how hard the queries are: on sets whose hard queries
+  stand out the adaptive rule wins; under a filter that pushes the k-th match out, a fixed
+  count may (docs/performance.md). Probing thus widens when real queries need more than
+  calibration on stored items predicted, and narrows when they need less; a kind keeps scale 1
+  until it has ``RECALL_MIN_SAMPLES`` measured queries.
 
 Bounded: one background exact search in flight per gateway replica, at most
 ``RECALL_MAX_ROWS`` queries in it past the early ones (RECALL_EARLY_ROWS and RECALL_EARLY_WORK
@@ -133,8 +132,8 @@ _REACH_LOG2 = np.log2(REACH_SCALES)
 def _fitted(needs: Sequence[np.ndarray], target: float) -> float:
     """The smallest value (scale, or multiple of ``first``) at which the mean recall of the
     queries whose per-result needs are ``needs`` reaches ``target``, then once more the target
-    plus two standard errors of the recall there: it is then unlikely to fall short on queries
-    not yet seen."""
+    plus RECALL_MARGIN_SE standard errors of the recall there: it is then unlikely to fall short
+    on queries not yet seen."""
     width = max(len(r) for r in needs)
     rows = np.full((len(needs), width), np.nan)
     for i, r in enumerate(needs):
