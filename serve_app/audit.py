@@ -106,7 +106,9 @@ class AuditLog:
                 self._rotate()
             fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                os.write(fd, data)
+                left = memoryview(data)
+                while left:  # a write may take less than it was given
+                    left = left[os.write(fd, left) :]
             finally:
                 os.close(fd)
 

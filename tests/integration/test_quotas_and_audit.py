@@ -144,9 +144,9 @@ def test_every_request_is_in_the_audit_log_with_no_secret(server: Served) -> Non
 def wait_for_records(path: Path, done: Any, timeout_s: float = 30) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while True:
-        records = (
-            [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
-        )
+        data = path.read_bytes() if path.exists() else b""
+        # the complete lines only: the log may be read while its last line is being written
+        records = [orjson.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
         if done(records) or time.monotonic() > deadline:
             return records
         time.sleep(0.2)

@@ -40,6 +40,19 @@ def test_records_land_as_json_lines_in_a_private_file(tmp_path: Path) -> None:
     assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
 
 
+def test_a_short_write_loses_no_part_of_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "audit.jsonl"
+    real_write = os.write
+    monkeypatch.setattr(audit.os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    log = audit.AuditLog(str(target))
+    for n in range(20):
+        log.write(record(n))
+    log.flush()
+    assert [r["n"] for r in lines(target)] == list(range(20))
+
+
 def test_the_file_is_rotated_by_size_keeping_the_backups_asked_for(tmp_path: Path) -> None:
     target = tmp_path / "audit.jsonl"
     log = audit.AuditLog(str(target), max_bytes=2_000, backups=2)
