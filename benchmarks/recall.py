@@ -25,7 +25,7 @@ bucket). For every filter (none, 50%, 10%) the table gives, on the evaluation qu
 * ``first 200``: the freshly trained index's first 200 queries of the kind (the first 200
   evaluation queries under the filter, sent in one request): no query learned from before them
   (the gateway measures up to 128 of that first batch before answering it, and answers it with
-  the scale they fit: serve_app/gateway/measuring.py);
+  the rule they fit: serve_app/gateway/measuring.py);
 * ``after N``: automatic probing on all the evaluation queries after the index has answered a
   stream of other queries of the same kind (``--traffic`` per filter, default 5,000, none of
   them evaluation queries; reused under each filter when a set has fewer), the service's
