@@ -93,10 +93,13 @@ class Bucket:
     ) -> None:
         """One measured query's needs (rows of one length; lists None when not told)."""
         self.needed.append(needed)
-        told = lists is not None and reach is not None and not np.isnan(lists).any()
-        self.lists.append(lists / max(first, 1) if told and lists is not None else None)
-        self.reach.append(np.asarray(reach, dtype=np.float64) if told else None)
         self.firsts.append(first)
+        if lists is None or reach is None or np.isnan(lists).any():
+            self.lists.append(None)
+            self.reach.append(None)
+        else:
+            self.lists.append(lists / max(first, 1))
+            self.reach.append(np.asarray(reach, dtype=np.float64))
 
     def fit(self, target: float) -> None:
         """The adaptive rule's scale, and a fixed count of lists instead where it costs clearly
@@ -112,8 +115,8 @@ class Bucket:
         lists, reach = told
         fixed = _fitted(lists, target)
         fixed_cost = np.mean([fixed_lists(fixed, f) for f in self.firsts])
-        at = math.log2(self.scale)
-        adaptive_cost = np.mean([np.interp(at, _REACH_LOG2, r) for r in reach])
+        # interpolating is linear in the values: the mean of the queries' lists at the scale
+        adaptive_cost = np.interp(math.log2(self.scale), _REACH_LOG2, np.mean(reach, axis=0))
         if fixed_cost < constants.RECALL_FIXED_SAVING * adaptive_cost:
             self.fixed = fixed
 
