@@ -57,7 +57,8 @@ RECALL_MAX_K = 100
 RECALL_MIN_SAMPLES = 20
 #: Sampled queries per estimate and per kind: recent enough to follow the data, enough to be stable.
 RECALL_WINDOW = 400
-#: A kind's rule aims at the recall target plus this many standard errors of its measured recall.
+#: A kind's rule aims at the recall target plus this many standard errors of the difference
+#: between its measured recall and the recall to come (serve_app.gateway.probing._fitted).
 RECALL_MARGIN_SE = 2.0
 #: A kind is probed with a fixed count of lists only where that scans less than this share of
 #: the lists the adaptive rule does on the measured queries: a fixed count does not follow a

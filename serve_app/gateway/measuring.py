@@ -82,7 +82,7 @@ class Measuring:
             had_scale = state.buckets[exact.bucket].measured >= constants.RECALL_MIN_SAMPLES
             if had_scale or exact.bucket == EXACT_SCAN:
                 state.warmed_in_vain += 1  # its kind had a scale, or needs none: need not wait
-            state.learn(exact.bucket, _needs(exact, probing))
+            state.learn(exact.bucket, _needs(exact, probing), ahead=False)
         except Exception as exc:  # answered without it, as after a failed measurement
             log.warning(
                 "recall measurement on index %s failed: %s", cv.view.meta.name, type(exc).__name__

@@ -16,7 +16,7 @@ scans at each of a range of scales. Two things follow per index:
 * the rules: per kind of query (unfiltered or a filter matching at least 95% of the items, a
   filter matching at least 30%, a more selective one), the smallest multiple of the calibrated
   slack whose recall over the last ``RECALL_WINDOW`` sampled queries of that kind reaches the
-  target plus two standard errors (RECALL_MARGIN_SE; computed exactly from the needs); and
+  target plus a margin (computed exactly from the needs: :func:`_fitted`); and
   the smallest fixed count of lists (a multiple of the calibrated first pass, so it grows with
   top_k as the first pass does) that reaches it too. The kind is probed with the fixed count
   where it scans clearly fewer lists on those queries (``RECALL_FIXED_SAVING``), else with the
@@ -101,19 +101,20 @@ class Bucket:
             self.lists.append(lists / max(first, 1))
             self.reach.append(np.asarray(reach, dtype=np.float64))
 
-    def fit(self, target: float) -> None:
+    def fit(self, target: float, ahead: bool = True) -> None:
         """The adaptive rule's scale, and a fixed count of lists instead where it costs clearly
         fewer lists on the measured queries (RECALL_FIXED_SAVING), each reaching the target plus
-        RECALL_MARGIN_SE standard errors."""
+        the margin :func:`_fitted` gives: for queries not seen yet (``ahead``), or for the
+        batch the measured queries were drawn from, answered next."""
         if len(self.needed) < constants.RECALL_MIN_SAMPLES:
             return
-        self.scale = _fitted(self.needed, target)
+        self.scale = _fitted(self.needed, target, ahead)
         self.fixed = 0.0
         told = self.told()
         if told is None:
             return
         lists, reach = told
-        fixed = _fitted(lists, target)
+        fixed = _fitted(lists, target, ahead)
         fixed_cost = np.mean([fixed_lists(fixed, f) for f in self.firsts])
         # interpolating is linear in the values: the mean of the queries' lists at the scale
         adaptive_cost = np.interp(math.log2(self.scale), _REACH_LOG2, np.mean(reach, axis=0))
@@ -132,11 +133,19 @@ class Bucket:
 _REACH_LOG2 = np.log2(REACH_SCALES)
 
 
-def _fitted(needs: Sequence[np.ndarray], target: float) -> float:
+def _fitted(needs: Sequence[np.ndarray], target: float, ahead: bool = True) -> float:
     """The smallest value (scale, or multiple of ``first``) at which the mean recall of the
     queries whose per-result needs are ``needs`` reaches ``target``, then once more the target
-    plus RECALL_MARGIN_SE standard errors of the recall there: it is then unlikely to fall short
-    on queries not yet seen."""
+    plus a margin of RECALL_MARGIN_SE standard errors of the difference between their recall
+    there and the recall of the queries the rule answers:
+
+    * ``ahead``, as many queries not seen yet: both means err by one standard error, so their
+      difference by sqrt(2) of them;
+    * else a batch the measured queries are ``m`` of ``m + u`` rows of: the batch's mean differs
+      from theirs by u/(m+u) times the difference of two means, at most one standard error.
+
+    The rule is then unlikely to fall short on the next queries as many as it learned from (a
+    user's evaluation set), not only on average over all queries to come."""
     width = max(len(r) for r in needs)
     rows = np.full((len(needs), width), np.nan)
     for i, r in enumerate(needs):
@@ -146,7 +155,7 @@ def _fitted(needs: Sequence[np.ndarray], target: float) -> float:
     per_query = (np.where(valid, rows, np.inf) < value).sum(axis=1) / np.maximum(
         valid.sum(axis=1), 1
     )
-    se = float(np.std(per_query)) / math.sqrt(len(per_query))
+    se = float(np.std(per_query)) / math.sqrt(len(per_query)) * (math.sqrt(2) if ahead else 1)
     return smallest_scale(rows, min(1.0, target + constants.RECALL_MARGIN_SE * se))
 
 
@@ -186,9 +195,9 @@ class IndexProbing:
         self.learn(bucket, exact)
         self.count_served(served)
 
-    def learn(self, bucket: int, exact: Needs) -> None:
+    def learn(self, bucket: int, exact: Needs, ahead: bool = True) -> None:
         """What each exact result of measured queries needs, and the bucket's rule fitted
-        again."""
+        again (for queries not seen yet, or ``ahead`` False: for the batch they are rows of)."""
         b = self.buckets[bucket]
         b.measured += len(exact.needed)
         for i, row in enumerate(exact.needed):
@@ -197,7 +206,7 @@ class IndexProbing:
                 lists = None if exact.lists is None else exact.lists[i][keep]
                 reach = None if exact.reach is None else exact.reach[i]
                 b.add(row[keep], lists, reach, exact.first)
-        b.fit(self.target)
+        b.fit(self.target, ahead)
 
     def count_served(self, served: np.ndarray) -> None:
         """The recall of what measured queries were served (per query)."""

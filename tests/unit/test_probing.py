@@ -45,6 +45,7 @@ from serve_app.constants import (
     RECALL_EARLY_ROWS,
     RECALL_EARLY_WAITING,
     RECALL_EARLY_WORK,
+    RECALL_MARGIN_SE,
     RECALL_MAX_ROWS,
     RECALL_MIN_SAMPLES,
     RECALL_REST,
@@ -53,7 +54,14 @@ from serve_app.constants import (
 from serve_app.gateway import measuring
 from serve_app.gateway.engine import CachedView, Engine
 from serve_app.gateway.hits import Query, merge
-from serve_app.gateway.probing import Bucket, IndexProbing, Needs, RecallMonitor, overlap
+from serve_app.gateway.probing import (
+    Bucket,
+    IndexProbing,
+    Needs,
+    RecallMonitor,
+    _fitted,
+    overlap,
+)
 from tests.helpers import exact_knn
 
 KEY = bytes(range(32))
@@ -239,6 +247,28 @@ def test_bucket_fits_the_smallest_scale_reaching_target() -> None:
         b.needed.append(rng.uniform(0, 0.2, 10))
     b.fit(0.9)
     assert b.scale < 0.25  # narrows too
+
+
+def test_the_margin_covers_the_next_queries_or_the_batch_measured() -> None:
+    """Fitted for queries not seen yet, a rule aims at the target plus RECALL_MARGIN_SE
+    standard errors of a difference of two means (sqrt(2) of the measured recall's); fitted for
+    the batch the measured queries are rows of, at most one."""
+    rng = np.random.default_rng(5)
+    needs = [rng.uniform(0, 4, 10) for _ in range(200)]
+    rows = np.stack(needs)
+
+    def recall(scale: float) -> float:
+        return float(np.mean(rows < scale))
+
+    at_target = smallest_scale(rows, 0.9)
+    se = float(np.std((rows < at_target).mean(axis=1))) / np.sqrt(len(rows))
+    for ahead, spread in ((True, np.sqrt(2)), (False, 1.0)):
+        aim = 0.9 + RECALL_MARGIN_SE * spread * se
+        scale = _fitted(needs, 0.9, ahead)
+        assert recall(scale) >= aim - 1e-12
+        need = rows[rows < scale].max()  # the result whose need the scale is a hair above
+        assert recall(need) < aim  # the smallest scale that reaches the aim
+    assert _fitted(needs, 0.9, True) > _fitted(needs, 0.9, False) > at_target
 
 
 def test_index_probing_reports_the_served_recall_and_scales() -> None:
@@ -497,6 +527,10 @@ def test_a_fresh_kinds_first_batch_is_answered_with_the_scale_it_fits(engine_ind
     state = engine.monitor.peek("pid", 1)
     assert state is not None and state.sampled == RECALL_EARLY_ROWS and state.queries == 150
     assert answered.probing.scales == state.scales and state.scales[0] != 1.0
+    # fitted for this batch, whose rows they are: one standard error of margin, not sqrt(2)
+    needs = state.buckets[0].needed
+    assert state.scales[0] == _fitted(needs, state.target, ahead=False)
+    assert state.scales[0] < _fitted(needs, state.target, ahead=True)
     assert hits.counts.tolist() == [10] * 150
     # the rows the scale was fitted on would flatter the estimate: it waits for other ones
     assert state.report()["estimate"] is None
