@@ -31,7 +31,7 @@ import sys
 import sysconfig
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,17 +248,69 @@ def load_text(
     seed: int = 0,
     log: Any = print,
     n_traffic: int = 15_000,
+    n_more: int = 0,
 ) -> TextSet:
+    """The text set; ``n_more`` evaluation queries after its ``n_queries`` (:func:`more_queries`:
+    ``queries`` then holds both, the first ``n_queries`` first)."""
     path = build(n_docs, n_queries, seed, log)
     meta = orjson.loads((path / "meta.json").read_bytes())
-    return _cached(path, meta, build_traffic(path, meta["query_texts"], n_traffic, seed, log))
+    traffic = build_traffic(path, meta["query_texts"], n_traffic, seed, log)
+
+    def pool() -> list[str]:
+        return sorted({p for p, *_ in harvest(site_roots())[1]})
+
+    return _cached(path, meta, traffic, more_queries(path, pool, traffic, n_more, seed, log))
 
 
-def _cached(path: Path, meta: dict[str, Any], traffic: np.ndarray) -> TextSet:
-    """A set cached in ``path``: its vectors, ``meta`` (meta.json) and the filters."""
+def more_queries(
+    path: Path,
+    pool: Callable[[], list[str]],
+    traffic: np.ndarray,
+    n: int,
+    seed: int,
+    log: Any,
+) -> np.ndarray:
+    """``n`` more evaluation queries of a set cached in ``path``, drawn from ``pool()`` (the
+    phrases its queries were drawn from) and cached beside it: none is one of its queries or
+    learning queries (``traffic``; told apart by their embeddings, so that a pool harvested
+    from a machine whose packages changed since cannot let one in twice)."""
+    file = path / f"queries-more-{n}.npy"
+    if n <= 0:
+        return np.zeros((0, traffic.shape[1]), np.float32)
+    if file.exists():
+        return np.load(file)
+    model = load_model()
+    taken = np.concatenate([np.load(path / "queries.npy"), traffic])
+    phrases = pool()
+    order = np.random.default_rng(seed + 2).permutation(len(phrases))
+    kept: list[np.ndarray] = []
+    for start in range(0, len(order), 2000):
+        vectors = model.encode(
+            [phrases[i] for i in order[start : start + 2000]],
+            batch_size=128,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+        ).astype(np.float32)
+        kept.append(vectors[(vectors @ taken.T).max(axis=1) < 0.9999])
+        if sum(len(k) for k in kept) >= n:
+            break
+    out = np.concatenate(kept)[:n]
+    if len(out) < n:
+        raise ValueError(f"only {len(out):,} more queries in the pool, {n:,} asked")
+    log(f"  {n:,} more evaluation queries embedded")
+    np.save(file, out)
+    return out
+
+
+def _cached(
+    path: Path, meta: dict[str, Any], traffic: np.ndarray, more: np.ndarray | None = None
+) -> TextSet:
+    """A set cached in ``path``: its vectors, ``meta`` (meta.json) and the filters; ``more``
+    evaluation queries after its own."""
+    queries = np.load(path / "queries.npy")
     return TextSet(
         docs=np.load(path / "docs.npy"),
-        queries=np.load(path / "queries.npy"),
+        queries=queries if more is None else np.concatenate([queries, more]),
         doc_meta=meta["doc_meta"],
         query_texts=meta["query_texts"],
         doc_texts=meta["doc_texts"],
@@ -378,14 +430,21 @@ def load_titles(
     n_traffic: int = 5000,
     seed: int = 0,
     log: Any = print,
+    n_more: int = 0,
 ) -> TextSet:
     """Titles against long passages: the summary lines of docstrings and the section headings
     of the installed distributions' descriptions as queries, long passages (docstring bodies
     without their summary line, description paragraphs) as documents. Metadata and filters
-    as :func:`load_text`'s (``kind`` is docstring or readme)."""
+    as :func:`load_text`'s (``kind`` is docstring or readme); ``n_more`` more evaluation
+    queries as there."""
     path = build_titles(n_docs, n_queries, n_traffic, seed, log)
     meta = orjson.loads((path / "meta.json").read_bytes())
-    return _cached(path, meta, np.load(path / "traffic.npy"))
+    traffic = np.load(path / "traffic.npy")
+
+    def pool() -> list[str]:
+        return harvest_titles(site_roots())[1]
+
+    return _cached(path, meta, traffic, more_queries(path, pool, traffic, n_more, seed, log))
 
 
 def main(argv: list[str] | None = None) -> int:
