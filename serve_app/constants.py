@@ -63,7 +63,8 @@ RECALL_MARGIN_SE = 2.0
 #: A kind is probed with a fixed count of lists only where that scans less than this share of
 #: the lists the adaptive rule does on the measured queries: a fixed count does not follow a
 #: drift in how hard the queries are (each query's k-th distance widens the adaptive rule's
-#: probe), so that robustness is given up only for a clear saving.
+#: probe), so that robustness is given up only for a clear saving (for queries to come: a batch
+#: answered with what its own measured rows fit takes whichever costs fewer).
 RECALL_FIXED_SAVING = 0.9
 #: Indexes whose recall state a gateway replica keeps, bounding its memory.
 RECALL_MAX_INDEXES = 1024

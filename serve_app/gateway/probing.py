@@ -19,7 +19,8 @@ scans at each of a range of scales. Two things follow per index:
   target plus a margin (computed exactly from the needs: :func:`_fitted`); and
   the smallest fixed count of lists (a multiple of the calibrated first pass, so it grows with
   top_k as the first pass does) that reaches it too. The kind is probed with the fixed count
-  where it scans clearly fewer lists on those queries (``RECALL_FIXED_SAVING``), else with the
+  where it scans clearly fewer lists on those queries (``RECALL_FIXED_SAVING``; a first batch
+  answered with what its own measured rows fit, wherever it scans fewer), else with the
   adaptive rule, which follows a drift in how hard the queries are: on sets whose hard queries
   stand out the adaptive rule wins; under a filter that pushes the k-th match out, a fixed
   count may (docs/performance.md). Probing thus widens when real queries need more than
@@ -105,7 +106,9 @@ class Bucket:
         """The adaptive rule's scale, and a fixed count of lists instead where it costs clearly
         fewer lists on the measured queries (RECALL_FIXED_SAVING), each reaching the target plus
         the margin :func:`_fitted` gives: for queries not seen yet (``ahead``), or for the
-        batch the measured queries were drawn from, answered next."""
+        batch the measured queries were drawn from, answered next. For that batch the fixed
+        count is taken wherever it costs fewer lists: the bar guards against queries to come
+        growing harder, which a batch sampled by its own measured rows does not."""
         if len(self.needed) < constants.RECALL_MIN_SAMPLES:
             return
         self.scale = _fitted(self.needed, target, ahead)
@@ -118,7 +121,7 @@ class Bucket:
         fixed_cost = np.mean([fixed_lists(fixed, f) for f in self.firsts])
         # interpolating is linear in the values: the mean of the queries' lists at the scale
         adaptive_cost = np.interp(math.log2(self.scale), _REACH_LOG2, np.mean(reach, axis=0))
-        if fixed_cost < constants.RECALL_FIXED_SAVING * adaptive_cost:
+        if fixed_cost < (constants.RECALL_FIXED_SAVING if ahead else 1.0) * adaptive_cost:
             self.fixed = fixed
 
     def told(self) -> tuple[list[np.ndarray], list[np.ndarray]] | None:

@@ -88,6 +88,25 @@ def test_a_kind_takes_a_fixed_count_where_it_reaches_the_aim_in_fewer_lists() ->
         assert bool(other.report()["probe_fixed"]) is takes_fixed
 
 
+def test_a_batch_answered_with_its_own_rows_fit_takes_whichever_rule_costs_fewer() -> None:
+    """The saving bar guards queries to come against a drift in hardness; the batch its
+    measured rows sample has none, so it takes the fixed count wherever that is cheaper."""
+    rng = np.random.default_rng(0)
+    n = 3 * RECALL_MIN_SAMPLES
+    lists = rng.integers(1, 13, (n, 10))
+    probe = IndexProbing(version=1, target=0.9)
+    probe.learn(1, needs_of(lists, np.full(n, 100), first=4), ahead=False)
+    count = fixed_lists(probe.fixed[1], 4)
+    for adaptive_lists, takes_fixed in ((count / 0.95, True), (count * 0.95, False)):
+        batch, ahead = (IndexProbing(version=1, target=0.9) for _ in range(2))
+        batch.learn(1, needs_of(lists, np.full(n, adaptive_lists), first=4), ahead=False)
+        ahead.learn(1, needs_of(lists, np.full(n, adaptive_lists), first=4))
+        assert (batch.fixed[1] > 0) is takes_fixed, adaptive_lists
+        assert ahead.fixed[1] == 0  # for queries to come: not a clear saving, or none
+        if takes_fixed:
+            assert fixed_lists(batch.fixed[1], 4) == count
+
+
 def test_a_fixed_count_is_a_multiple_of_first_so_it_grows_with_top_k() -> None:
     rng = np.random.default_rng(1)
     n = 2 * RECALL_MIN_SAMPLES
