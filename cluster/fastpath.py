@@ -38,8 +38,10 @@ import random
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
+import time
 
 from actors.process import private
 from cluster import constants, haproxy_guard
@@ -85,7 +87,9 @@ def apply(enabled: bool = True) -> dict[str, str]:
                 os.environ[name] = str(free_port())
         runtime = private.claim()
         if not any(name in os.environ for name in HAPROXY_PATHS):
-            os.environ.update(haproxy_paths(haproxy_directory(runtime)))
+            base = haproxy_directory(runtime)
+            remove_stale_nodes(base)
+            os.environ.update(haproxy_paths(base))
         if BINARY not in os.environ and (real := haproxy_binary()) is not None:
             os.environ[BINARY] = guard(real)
     return {name: os.environ.get(name, "0") for name in ENV}
@@ -185,13 +189,17 @@ def haproxy_directory(runtime: str) -> str:
     return made
 
 
+# A Ray node's id, which names the directory of the node's HAProxy files under the base.
+NODE_ID = re.compile(r"[0-9a-f]{56}")
+
+
 def forget_node(node_id: str) -> None:
     """Remove the files HAProxy kept for ``node_id`` (a local Ray that has ended): Serve gives
     each session's node a directory of its own under HAProxy's base and leaves it behind. Only
     in a base :func:`haproxy_directory` makes (``hap`` in this user's runtime directory, or a
     ``vvh-`` one in /tmp); paths set elsewhere are left alone."""
     config = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
-    if not config or re.fullmatch(r"[0-9a-f]{56}", node_id) is None:
+    if not config or NODE_ID.fullmatch(node_id) is None:
         return
     base = os.path.dirname(config)
     runtime = private.runtime_directory()
@@ -203,6 +211,50 @@ def forget_node(node_id: str) -> None:
     if fresh:
         with contextlib.suppress(OSError):
             os.rmdir(base)
+
+
+# A node's HAProxy directory untouched this long, whose admin socket no HAProxy answers, is
+# left by a service that ended without tidying (killed). HAProxy writes there when it starts
+# or reloads, so a starting one's is never this old.
+STALE_NODE_S = 600.0
+
+
+def remove_stale_nodes(base: str, now: float | None = None) -> list[str]:
+    """Remove from ``base`` (HAProxy's private directory) the nodes' directories that services
+    killed before they could tidy left behind (:func:`forget_node` removes a clean stop's):
+    named by a node id, this user's, untouched for STALE_NODE_S, and with no HAProxy answering
+    on their admin socket. Returns the paths removed."""
+    now = time.time() if now is None else now
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            path = os.path.join(base, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if (
+                NODE_ID.fullmatch(name) is None
+                or not stat.S_ISDIR(st.st_mode)
+                or st.st_uid != os.getuid()
+                or now - st.st_mtime < STALE_NODE_S
+                or _answers(os.path.join(path, HAPROXY_PATHS["RAY_SERVE_HAPROXY_SOCKET_PATH"]))
+            ):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _answers(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def haproxy_paths(base: str) -> dict[str, str]:

@@ -4,9 +4,11 @@ HAProxy's life to the proxy actor that starts it."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +26,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_applied_it_sets_every_switch(clean_env: pytest.MonkeyPatch) -> None:
     assert fastpath.apply() == fastpath.ENV
+
+
+def test_a_start_tidies_the_haproxy_directory_it_is_given(clean_env: pytest.MonkeyPatch) -> None:
+    swept: list[str] = []
+    for name in fastpath.HAPROXY_PATHS:
+        clean_env.delenv(name, raising=False)
+    clean_env.setattr(fastpath, "remove_stale_nodes", swept.append)
+    fastpath.apply()
+    config = os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"]
+    assert swept == [os.path.dirname(config)]
 
 
 def test_each_service_gets_its_own_haproxy_ports(clean_env: pytest.MonkeyPatch) -> None:
@@ -131,3 +143,40 @@ def test_ports_picked_for_the_service_lie_below_the_ephemeral_range(
             s.bind(("127.0.0.1", port))  # and free
     monkeypatch.setattr(fastpath, "ephemeral_ports", lambda: (1024, 60999))
     assert 0 < fastpath.free_port() < 65536  # no room below it: any free port
+
+
+def test_a_killed_services_haproxy_files_go_at_the_next_start() -> None:
+    """A node's directory is removed once it is old and no HAProxy answers on its admin
+    socket; a live HAProxy's, a fresh one's (HAProxy still starting) and anything not named by
+    a node id stay."""
+    base = Path(tempfile.mkdtemp(prefix="vvh-t", dir="/tmp"))  # sockets need a short path
+    try:
+        nodes = {
+            kind: base / (f"{i:x}" * 56)
+            for i, kind in enumerate(("killed", "refused", "live", "starting"), start=1)
+        }
+        for path in nodes.values():
+            path.mkdir()
+            (path / "haproxy.cfg").write_text("global\n")
+        dead = socket.socket(socket.AF_UNIX)
+        dead.bind(str(nodes["refused"] / "admin.sock"))  # its process is gone: refused
+        dead.close()
+        live = socket.socket(socket.AF_UNIX)
+        live.bind(str(nodes["live"] / "admin.sock"))
+        live.listen()
+        other = base / "not-a-node"
+        other.mkdir()
+        old = time.time() - fastpath.STALE_NODE_S - 60
+        for path in (*nodes.values(), other):
+            if path != nodes["starting"]:
+                os.utime(path, (old, old))
+        removed = fastpath.remove_stale_nodes(str(base))
+        assert sorted(removed) == sorted(str(nodes[k]) for k in ("killed", "refused"))
+        assert {p.name for p in base.iterdir()} == {
+            nodes["live"].name,
+            nodes["starting"].name,
+            other.name,
+        }
+        live.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
