@@ -29,7 +29,7 @@ from probe_curve import KEY, Built, K, build
 
 from actors.types import REACH_SCALES, Probing, SearchRequest, fixed_lists
 from serve_app.gateway.hits import Hits, merge
-from serve_app.gateway.probing import Bucket
+from serve_app.gateway.probing import Bucket, IndexProbing, Needs
 
 TARGET = 0.95
 _REACH_LOG2 = np.log2(REACH_SCALES)
@@ -41,6 +41,15 @@ def measure(b: Built, name: str, q: np.ndarray) -> Hits:
     probing = Probing("measure", first=b.first, slacks=b.slacks)
     req = SearchRequest(q, K, 1, lists, dis, b.node(name), probing=probing)
     return merge([sh.search(KEY, req) for sh in b.shards], K, False)
+
+
+def needs_of(rows: list[tuple[Hits, int]], first: int) -> Needs:
+    """What the measured queries ``rows`` (answer, row) need, as the gateway learns it."""
+
+    def column(name: str) -> np.ndarray:
+        return np.stack([getattr(h, name)[i] for h, i in rows])
+
+    return Needs(column("needed"), column("lists_needed"), column("reach"), first)
 
 
 def fixed_recall(lists: np.ndarray, p: int) -> float:
@@ -91,14 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 g = np.random.default_rng(seed)
                 window = [(h_eval, i) for i in np.sort(g.choice(200, 128, replace=False))]
                 window += [(h_learn, i) for i in g.choice(len(learning), 272, replace=False)]
-                bucket = Bucket()
-                for h, i in window:
-                    assert h.needed is not None and h.lists_needed is not None
-                    keep = ~np.isnan(h.needed[i])
-                    if keep.any():
-                        reach = None if h.reach is None else h.reach[i]
-                        bucket.add(h.needed[i][keep], h.lists_needed[i][keep], reach, b.first)
-                bucket.fit(TARGET, ahead)
+                state = IndexProbing(version=1, target=TARGET)
+                state.learn(0, needs_of(window, b.first), ahead)  # as the gateway does
+                bucket = state.buckets[0]
                 row = []
                 for n in (1000, 3000):
                     recall, lists = scored(bucket, b.first, h_eval, n)

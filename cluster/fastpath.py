@@ -219,12 +219,12 @@ def forget_node(node_id: str) -> None:
 STALE_NODE_S = 600.0
 
 
-def remove_stale_nodes(base: str, now: float | None = None) -> list[str]:
+def remove_stale_nodes(base: str) -> list[str]:
     """Remove from ``base`` (HAProxy's private directory) the nodes' directories that services
     killed before they could tidy left behind (:func:`forget_node` removes a clean stop's):
     named by a node id, this user's, untouched for STALE_NODE_S, and with no HAProxy answering
     on their admin socket. Returns the paths removed."""
-    now = time.time() if now is None else now
+    now = time.time()
     removed = []
     with contextlib.suppress(OSError):
         for name in os.listdir(base):

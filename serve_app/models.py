@@ -351,8 +351,9 @@ class RecallReport(Model):
     probe_fixed: dict[str, float] = Field(
         default_factory=dict,
         description="the kinds probed with a fixed count of lists instead, where that reached "
-        "the target in under 0.9 of the adaptive rule's lists on the measured queries: the "
-        "count as a multiple of the calibrated first pass",
+        "the target in under 0.9 of the adaptive rule's lists on the measured queries (for a "
+        "first batch answered with what its own measured rows fit: in fewer): the count as a "
+        "multiple of the calibrated first pass",
     )
     auto_queries: int
     lists_scanned_per_query: float | None
